@@ -1,0 +1,50 @@
+"""Attention over a cached prefix, and the attention-received scores eviction policies need.
+
+Neither function materialises a chunk x cache attention matrix: the chunk's own attention goes through
+``scaled_dot_product_attention`` (fused kernels on CPU and CUDA), and eviction scores use only the last
+few queries of the chunk, one KV-head group at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float) -> torch.Tensor:
+    """Attention of ``q`` ([H, T, D], at positions start..start+T-1) over ``k``/``v`` ([H_kv, start+T, D]).
+
+    Query head ``h`` reads KV head ``h // (H / H_kv)`` (``enable_gqa``), the layout of HF's ``repeat_kv``.
+    """
+    t, n = q.shape[1], k.shape[1]
+    if n != start + t:
+        raise ValueError(f"cache holds {n} keys, expected {start + t}")
+    gqa = q.shape[0] != k.shape[0]
+    if start == 0:
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=t > 1, scale=scaling,
+                                             enable_gqa=gqa)
+    elif t == 1:
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], scale=scaling, enable_gqa=gqa)
+    else:
+        mask = torch.arange(n, device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
+                                             enable_gqa=gqa)
+    return out[0]
+
+
+def attention_received(q_last: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Softmax attention that each key receives from the last ``w`` queries, summed over queries and over
+    the query heads sharing a KV head. ``q_last`` is [H, w, D] and sits at the last ``w`` positions of
+    ``k`` ([H_kv, N, D]), so causality masks only the keys after each query. Returns [H_kv, N] float32."""
+    h, w, d = q_last.shape
+    h_kv, n, _ = k.shape
+    rep = h // h_kv
+    q_pos = torch.arange(n - w, n, device=k.device)
+    future = torch.arange(n, device=k.device)[None, :] > q_pos[:, None]            # [w, N]
+    out = torch.empty(h_kv, n, dtype=torch.float32, device=k.device)
+    for g in range(h_kv):                                                          # one group at a time
+        qg = q_last[g * rep:(g + 1) * rep].reshape(rep * w, d)
+        logits = (qg @ k[g].T).float() * scaling                                    # [rep*w, N]
+        logits.view(rep, w, n).masked_fill_(future, float("-inf"))
+        out[g] = logits.softmax(-1).sum(0)
+    return out

@@ -1,0 +1,71 @@
+"""Per-layer KV cache with pre-RoPE keys, so positions can be re-packed exactly after eviction.
+
+Every cached key is stored twice: as projected (before rotary embedding) and rotated at its current
+position. The rotated copy is what attention reads; appending rotates only the new keys. Eviction
+gathers the kept pre-RoPE keys and rotates them afresh at positions 0..n-1, so kept keys always equal
+the keys the model would compute at their new positions (no error piles up over many re-rotations).
+Positions are therefore implicit: the i-th cached entry of a head sits at position i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .rope import Rotary
+
+
+@dataclass
+class LayerCache:
+    """Keys/values of one layer, shaped ``[n_kv_heads, length, head_dim]`` (batch size is always 1)."""
+
+    keys_pre: torch.Tensor | None = None   # projected keys, no rotation
+    keys: torch.Tensor | None = None       # keys rotated at positions 0..length-1
+    values: torch.Tensor | None = None
+    scores: torch.Tensor | None = None     # eviction policy state, [n_kv_heads, length] float32
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
+
+    def append(self, k_pre: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor) -> None:
+        if self.keys is None:
+            self.keys_pre, self.keys, self.values = k_pre, k_rot, v
+        else:
+            self.keys_pre = torch.cat([self.keys_pre, k_pre], dim=1)
+            self.keys = torch.cat([self.keys, k_rot], dim=1)
+            self.values = torch.cat([self.values, v], dim=1)
+
+    def keep(self, index: torch.Tensor, rotary: Rotary) -> None:
+        """Keep entries ``index`` ([n_kv_heads, m], ascending per head) and re-pack them at 0..m-1."""
+        idx = index.unsqueeze(-1).expand(-1, -1, self.keys.shape[-1])
+        self.keys_pre = self.keys_pre.gather(1, idx)
+        self.values = self.values.gather(1, idx)
+        self.keys = rotary.rotate(self.keys_pre, 0)
+        if self.scores is not None:
+            self.scores = self.scores.gather(1, index)
+
+
+@dataclass
+class KVCache:
+    """The caches of the first ``len(layers)`` decoder layers (fewer than the model has when exiting early)."""
+
+    layers: list[LayerCache] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n_layers: int) -> "KVCache":
+        return cls([LayerCache() for _ in range(n_layers)])
+
+    @property
+    def length(self) -> int:
+        """Entries per head; every layer holds the same count."""
+        return self.layers[0].length if self.layers else 0
+
+    def clone(self) -> "KVCache":
+        """A copy whose appends do not touch this cache (tensors are shared until replaced)."""
+        return KVCache([LayerCache(c.keys_pre, c.keys, c.values, c.scores) for c in self.layers])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for c in self.layers
+                   for t in (c.keys_pre, c.keys, c.values, c.scores) if t is not None)

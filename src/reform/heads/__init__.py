@@ -1,0 +1,72 @@
+"""Embedding-head presets: which (layer, q|k|v, head) states build REFORM's retrieval embeddings."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from importlib import resources
+from pathlib import Path
+
+from ..engine.core import ModelShape
+from ..engine.extractors import HeadSpec
+
+
+def _norm(name: str) -> str:
+    return name.lower().rstrip("/").split("/")[-1].removesuffix(".gguf")
+
+
+def load_preset(path: str | Path) -> dict:
+    """Read a preset JSON (``{"model": ..., "heads": ["LAYER:KIND:HEAD", ...]}``)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        data["heads"] = [HeadSpec.parse(h) if isinstance(h, str) else HeadSpec(h["layer"], h["kind"], h["head"])
+                         for h in data["heads"]]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read head preset {path}: {e}") from None
+    return data
+
+
+def shipped_presets() -> list[dict]:
+    folder = resources.files(__package__) / "presets"
+    return [load_preset(Path(str(f))) for f in sorted(folder.iterdir(), key=lambda f: f.name)
+            if f.name.endswith(".json")]
+
+
+def find_preset(model_name: str) -> dict | None:
+    """The shipped preset whose model id or alias matches ``model_name`` (case-insensitive, by basename)."""
+    key = _norm(model_name)
+    for p in shipped_presets():
+        names = [p["model"], *p.get("aliases", [])]
+        if any(_norm(n) == key or _norm(n) in key for n in names):
+            return p
+    return None
+
+
+def fallback_heads(shape: ModelShape) -> list[HeadSpec]:
+    """Used when no preset exists: value heads of a layer at 40 % depth (retrieval heads concentrate in
+    the lower-middle layers, REFORM §3.2). A guess; run head selection for real heads."""
+    layer = int(0.4 * shape.n_layers)
+    return [HeadSpec(layer, "v", h) for h in range(min(4, shape.n_kv_heads))]
+
+
+def resolve_heads(spec: str | list | None, model_name: str, shape: ModelShape) -> list[HeadSpec]:
+    """``spec``: None (preset for the model), a preset JSON path, or heads "7:v:3,14:k:0"."""
+    if spec is None or spec == "":
+        preset = find_preset(model_name)
+        if preset is None:
+            warnings.warn(f"no embedding-head preset for '{model_name}'; using value heads of layer "
+                          f"{int(0.4 * shape.n_layers)} (pass --heads for better retrieval)", stacklevel=2)
+            heads = fallback_heads(shape)
+        else:
+            heads = preset["heads"]
+    elif isinstance(spec, (list, tuple)):
+        heads = [h if isinstance(h, HeadSpec) else HeadSpec.parse(h) for h in spec]
+    elif spec.endswith(".json"):
+        heads = load_preset(spec)["heads"]
+    else:
+        heads = [HeadSpec.parse(h) for h in spec.split(",") if h.strip()]
+    if not heads:
+        raise ValueError("no embedding heads given")
+    for h in heads:
+        h.check(shape)
+    return list(dict.fromkeys(heads))

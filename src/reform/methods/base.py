@@ -1,0 +1,112 @@
+"""What every method shares: encode a context once, answer questions from it, report stats.
+
+A method decides three things (DESIGN.md): how the context is encoded (eviction policy + what is
+stored per token), which context tokens a question brings back, and how the answer is produced.
+``Method.encode`` and ``Method.select`` are the plug-in points; recompute-then-generate lives here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, ClassVar
+
+import torch
+
+from ..engine.cache import KVCache
+from ..engine.layout import QuestionPart, as_tensor
+from ..stats import Timer, peak_cuda_mb, peak_memory_mb
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
+
+
+@dataclass
+class Answer:
+    text: str
+    tokens: list[int]
+    method: str
+    input_tokens: int
+    stats: dict
+
+    def to_json(self) -> dict:
+        return {"answer": self.text, "method": self.method, "input_tokens": self.input_tokens, "stats": self.stats}
+
+
+@dataclass
+class Context:
+    """An encoded context: independent of any question, so it can be asked many times.
+
+    ``ids`` are the context's token ids (template prefix included); ``cache`` the final compressed KV
+    cache of the encoder layers; ``state`` whatever the method stored per token (e.g. embeddings).
+    """
+
+    pipeline: "Pipeline"
+    method: "Method"
+    ids: torch.Tensor
+    cache: KVCache | None = None
+    state: object = None
+    encode_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
+            on_text: Callable[[str], None] | None = None) -> Answer:
+        """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated."""
+        if not question or not question.strip():
+            raise ValueError("the question is empty")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        part = self.pipeline.templater.question(question, answer_prefix)
+        return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text)
+
+
+class Method:
+    """Base class: ``encode`` stores the context, ``select`` picks the context tokens to recompute."""
+
+    name: ClassVar[str]
+
+    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+        return Context(pipe, self, ids)
+
+    def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
+        """Indices (ascending) of the context tokens the answer is computed from; default: all."""
+        return torch.arange(ctx.ids.shape[0], device=ctx.ids.device)
+
+    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
+               on_text: Callable[[str], None] | None) -> Answer:
+        """Recompute the selected tokens + question with the full model (fresh contiguous positions),
+        then decode greedily."""
+        pipe, timer = ctx.pipeline, Timer()
+        timer.add("encode", ctx.encode_seconds)
+        with timer.stage("gather"):
+            keep = self.select(ctx, part, timer)
+        prompt = torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)])
+        tokens: list[int] = []
+        text = ""
+        t0 = time.perf_counter()
+        for tok in pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids):
+            if not tokens:
+                timer.add("recompute", time.perf_counter() - t0)   # prefill + first token
+                t0 = time.perf_counter()
+            tokens.append(tok)
+            if on_text is not None:
+                new = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
+                if len(new) > len(text) and not new.endswith("\ufffd"):
+                    on_text(new[len(text):])
+                    text = new
+        timer.add("recompute" if not tokens else "generate", time.perf_counter() - t0)
+        stats = {**{k: round(v, 3) for k, v in timer.seconds.items()},
+                 "recomputed_tokens": int(prompt.shape[0]), "new_tokens": len(tokens),
+                 "peak_memory_mb": peak_memory_mb()}
+        if (cuda := peak_cuda_mb()) is not None:
+            stats["peak_cuda_mb"] = cuda
+        return Answer(pipe.tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens, self.name,
+                      int(ctx.ids.shape[0] + len(part.ids)), stats)
+
+
+REGISTRY: dict[str, type] = {}
+
+
+def register(cls):
+    REGISTRY[cls.name] = cls
+    return cls

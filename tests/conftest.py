@@ -1,0 +1,53 @@
+"""Tiny random-weight models (built in code, no downloads) and a character-level tokenizer for them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
+    Qwen2ForCausalLM
+
+WINDOW = 512
+
+
+def tiny(kind: str = "llama", window: int = WINDOW, seed: int = 0, **over):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=window,
+                  rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0, attn_implementation="eager")
+    common.update(over)
+    cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+           "mistral": (MistralConfig, MistralForCausalLM)}[kind]
+    if kind == "mistral":
+        common["sliding_window"] = None
+    model = cls[1](cls[0](**common)).eval()
+    # random init gives near-uniform attention; sharpen it so eviction and selection matter
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+    return model
+
+
+class CharTokenizer:
+    """Byte-level tokenizer over a 128-token vocabulary: enough for prompt-layout and pipeline tests."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = [3 + (b % 125) for b in text.encode()]
+        return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + ids}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i - 3 + 32) if 3 <= i < 98 else "?" for i in ids)
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def tiny_model(request):
+    return tiny(request.param)
+
+
+@pytest.fixture
+def tokenizer():
+    return CharTokenizer()
