@@ -80,10 +80,10 @@ class ReformConfig:
     def resolve(self, shape: ModelShape) -> "ReformConfig":
         w = shape.window
         keep = min(256, w // 32)
-        c = replace(self, chunk_size=self.chunk_size or w // 4, cache_budget=self.cache_budget or w // 4,
-                    recompute_budget=self.recompute_budget or w // 2,
-                    keep_first=keep if self.keep_first is None else self.keep_first,
-                    keep_last=keep if self.keep_last is None else self.keep_last)
+        pick = lambda value, default: default if value is None else value
+        c = replace(self, chunk_size=pick(self.chunk_size, w // 4), cache_budget=pick(self.cache_budget, w // 4),
+                    recompute_budget=pick(self.recompute_budget, w // 2),
+                    keep_first=pick(self.keep_first, keep), keep_last=pick(self.keep_last, keep))
         c.check(shape)
         return c
 

@@ -1,0 +1,184 @@
+"""``reform`` command line: ask a question about a long file, or run the long-context demo."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="REFORM: answer questions about inputs far longer than the model's window.")
+err = Console(stderr=True)
+out = Console(highlight=False)
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def read_text_file(path: Path) -> str:
+    if not path.exists():
+        raise CliError(f"file not found: {path}")
+    if path.is_dir():
+        raise CliError(f"{path} is a directory, not a text file")
+    data = path.read_bytes()
+    if not data.strip():
+        raise CliError(f"{path} is empty")
+    if b"\x00" in data[:1 << 20]:
+        raise CliError(f"{path} looks binary (it contains NUL bytes); give a UTF-8 text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CliError(f"{path} is not valid UTF-8 (byte {e.start}); convert it to UTF-8 first") from None
+
+
+@contextmanager
+def encode_progress(total: int, quiet: bool):
+    """A progress bar over encoded tokens (only for contexts worth watching)."""
+    if quiet or total < 4096:
+        yield None
+        return
+    with Progress(TextColumn("encoding"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("encode", total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+# Shared options --------------------------------------------------------------------------------
+ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local directory or .gguf file "
+                        "(default: the packaged SmolLM2-135M-Instruct)")
+MethodOpt = typer.Option("reform", "--method", help="long-context method")
+HeadsOpt = typer.Option(None, "--heads", help="embedding heads 'LAYER:KIND:HEAD,...' or a preset JSON "
+                        "(default: the model's preset)")
+ChunkOpt = typer.Option(None, "--chunk-size", help="tokens per encoded chunk (default: window/4)")
+CacheOpt = typer.Option(None, "--cache-budget", help="compressed KV cache size (default: window/4)")
+RecomputeOpt = typer.Option(None, "--recompute-budget", help="context tokens gathered and recomputed "
+                            "(default: window/2)")
+DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+DtypeOpt = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 where the hardware has it)")
+
+
+def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
+                   chat_template=True):
+    from ..model import ModelLoadError
+    from ..pipeline import Pipeline
+    from ..engine.core import UnsupportedModelError
+    try:
+        return Pipeline.load(model, device=device, dtype=dtype, method=method, heads=heads,
+                             use_chat_template=chat_template,
+                             **({"chunk_size": chunk_size, "cache_budget": cache_budget,
+                                 "recompute_budget": recompute_budget} if method == "reform" else
+                                _no_budgets(chunk_size, cache_budget, recompute_budget, method)))
+    except (ModelLoadError, UnsupportedModelError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+def _no_budgets(chunk, cache, recompute, method) -> dict:
+    if any(v is not None for v in (chunk, cache, recompute)):
+        raise CliError(f"method '{method}' takes no chunk or budget options")
+    return {}
+
+
+def run_question(pipe, text: str, question: str, answer_prefix: str, max_new_tokens: int, as_json: bool,
+                 stream: bool = True):
+    try:
+        n = pipe.tokenize_context(text).shape[0]
+        with encode_progress(n, as_json) as progress:
+            ctx = pipe.encode(text, progress)
+        printer = None
+        if stream and not as_json:
+            printer = lambda s: (out.print(s, end="", markup=False), sys.stdout.flush())
+        answer = ctx.ask(question, answer_prefix=answer_prefix, max_new_tokens=max_new_tokens, on_text=printer)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if printer is not None:
+        out.print()
+    return answer
+
+
+def fail(e: CliError):
+    err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def ask(file: Path = typer.Argument(..., help="UTF-8 text file holding the context"),
+        question: Optional[str] = typer.Option(None, "--question", "-q", help="the question to answer"),
+        answer_prefix: str = typer.Option("", "--answer-prefix", help="text the answer starts with"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object with the answer and stats"),
+        model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
+        chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
+        recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
+        dtype: Optional[str] = DtypeOpt,
+        chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template")):
+    """Answer QUESTION about FILE, however long FILE is."""
+    try:
+        if question is None or not question.strip():
+            raise CliError("a question is required: --question \"...\"")
+        text = read_text_file(file)
+        pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
+                              chat_template)
+        answer = run_question(pipe, text, question, answer_prefix, max_new_tokens, as_json)
+    except CliError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps(answer.to_json()))
+    else:
+        err.print(f"[dim]{answer.method}: {answer.input_tokens} input tokens · "
+                  + " · ".join(f"{k} {v}" for k, v in answer.stats.items()) + "[/]")
+
+
+@app.command()
+def demo(length: Optional[int] = typer.Option(None, "--length", help="haystack tokens (default: 8x window)"),
+         depth: float = typer.Option(0.5, "--depth", min=0.0, max=1.0, help="needle depth, 0..1"),
+         seed: int = typer.Option(0, "--seed"),
+         as_json: bool = typer.Option(False, "--json"),
+         model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
+         device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+    """Hide a fact in a haystack 8x longer than the model's window and ask for it."""
+    from ..data.haystack import haystack, insert_needle, magic_number_needle
+    try:
+        t0 = time.perf_counter()
+        pipe = build_pipeline(model, method, heads, None, None, None, device, dtype)
+        load_s = time.perf_counter() - t0
+        window = pipe.engine.shape.window
+        length = length or 8 * window
+        rng = random.Random(seed)
+        needle = magic_number_needle(rng)
+        paras = haystack(length, lambda t: len(pipe.templater.encode(t)), rng=rng)
+        text = insert_needle(paras, needle.sentence, depth)
+        if not as_json:
+            err.print(f"[bold]REFORM demo[/]: model {pipe.model_name} (window {window}), "
+                      f"{pipe.tokenize_context(text).shape[0]} context tokens, needle at depth {depth:.0%}")
+            err.print(f"[dim]needle:[/] {needle.sentence}\n[dim]question:[/] {needle.question}")
+            out.print(needle.answer_prefix, end="")
+        answer = run_question(pipe, text, needle.question, needle.answer_prefix, 32, as_json)
+    except CliError as e:
+        fail(e)
+    correct = needle.answer in answer.text
+    result = {**answer.to_json(), "expected": needle.answer, "correct": correct, "load_seconds": round(load_s, 2)}
+    if as_json:
+        print(json.dumps(result))
+    else:
+        err.print(("[green]correct[/]" if correct else "[red]wrong[/]") + f" (expected {needle.answer})")
+        err.print(f"[dim]stats: " + " · ".join(f"{k} {v}" for k, v in answer.stats.items())
+                  + f" · model load {load_s:.1f}s[/]")
+    if not correct:
+        raise typer.Exit(1)
+
+
+def main():
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""REFORM's gather stage on hand-made scores and embeddings."""
+
+import torch
+import torch.nn.functional as F
+
+from reform.methods.reform import gather_indices, max_pool, token_scores
+
+
+def test_token_scores_is_max_over_query_of_mean_head_cosine():
+    torch.manual_seed(0)
+    n_heads, d, n, q = 3, 8, 50, 4
+    ctx_raw, q_raw = torch.randn(n, n_heads, d), torch.randn(q, n_heads, d)
+    ctx = F.normalize(ctx_raw, dim=-1).reshape(n, -1)
+    qry = F.normalize(q_raw, dim=-1).reshape(q, -1)
+    got = token_scores(ctx.half(), qry.half(), block=7) / n_heads
+    ref = torch.stack([F.cosine_similarity(ctx_raw[:, None, h], q_raw[None, :, h], dim=-1)
+                       for h in range(n_heads)]).mean(0).amax(-1)
+    torch.testing.assert_close(got, ref, atol=2e-3, rtol=2e-3)
+
+
+def test_max_pool_spreads_a_peak_over_the_window():
+    s = torch.zeros(1000)
+    s[500] = 1.0
+    pooled = max_pool(s, 129)
+    assert pooled.shape == s.shape
+    assert (pooled[436:565] == 1).all() and pooled[435] == 0 and pooled[565] == 0
+
+
+def test_gather_keeps_first_last_and_pooled_top_budget():
+    torch.manual_seed(1)
+    n, budget = 5000, 1000
+    scores = torch.rand(n) * 0.1
+    scores[2000:2100] = 1.0                                  # a relevant passage
+    pooled = max_pool(scores, 129)
+    idx = gather_indices(pooled, budget, 256, 256)
+    kept = set(idx.tolist())
+    assert len(idx) == budget and idx.tolist() == sorted(kept)
+    assert set(range(256)) <= kept and set(range(n - 256, n)) <= kept
+    assert set(range(2000 - 64, 2100 + 64)) <= kept           # passage plus its pooled neighbourhood
+    rest = torch.tensor(sorted(kept - set(range(256)) - set(range(n - 256, n))))
+    others = torch.ones(n, dtype=torch.bool)
+    others[:256] = others[n - 256:] = False
+    others[rest] = False
+    assert pooled[rest].min() >= pooled[others].max()        # the free slots hold the best pooled scores
+
+
+def test_gather_takes_everything_when_budget_covers_input():
+    assert gather_indices(torch.rand(300), 300, 256, 256).tolist() == list(range(300))

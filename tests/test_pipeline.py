@@ -1,0 +1,123 @@
+"""Encode once, ask many; REFORM equals plain generation where it should; budgets are validated."""
+
+import pytest
+import torch
+
+from reform.engine.layout import as_tensor
+from reform.pipeline import Pipeline
+
+from conftest import tiny
+
+CONTEXT = "The quick brown fox jumps over the lazy dog. " * 12           # ~540 byte-tokens
+QUESTION = "What does the fox do?"
+
+
+def hf_greedy(model, ids, n):
+    with torch.no_grad():
+        out = model.generate(ids[None], max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[0]:].tolist()
+
+
+def make(model, tokenizer, **kw):
+    opts = dict(heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=200)
+    opts.update(kw)
+    return Pipeline(model, tokenizer, **opts)
+
+
+def test_short_context_takes_exact_full_attention_path(tiny_model, tokenizer):
+    pipe = make(tiny_model, tokenizer, recompute_budget=400)
+    text = CONTEXT[:300]
+    ans = pipe.encode(text).ask(QUESTION, max_new_tokens=8)
+    part = pipe.templater.question(QUESTION)
+    plain = torch.cat([pipe.tokenize_context(text), as_tensor(part.ids, "cpu")])
+    assert ans.tokens == hf_greedy(tiny_model, plain, 8)[:len(ans.tokens)]
+    assert ans.stats["recomputed_tokens"] == plain.shape[0]
+
+
+def test_full_method_equals_plain_generation(tiny_model, tokenizer):
+    pipe = Pipeline(tiny_model, tokenizer, method="full")
+    ans = pipe.encode(CONTEXT[:300]).ask(QUESTION, max_new_tokens=8)
+    part = pipe.templater.question(QUESTION)
+    plain = torch.cat([pipe.tokenize_context(CONTEXT[:300]), as_tensor(part.ids, "cpu")])
+    assert ans.tokens == hf_greedy(tiny_model, plain, 8)[:len(ans.tokens)]
+
+
+def test_long_context_recomputes_gathered_tokens_at_fresh_positions(tiny_model, tokenizer):
+    """The answer equals plain HF generation over exactly the gathered tokens + question."""
+    pipe = make(tiny_model, tokenizer)
+    ctx = pipe.encode(CONTEXT)
+    n = ctx.ids.shape[0]
+    assert n > 400 and ctx.cache.length == 96 and len(ctx.cache.layers) == 3      # early exit: layers 0..2
+    assert ctx.state.data.shape == (n, 3 * 16)
+    part = pipe.templater.question(QUESTION)
+    from reform.stats import Timer
+    keep = pipe.method.select(ctx, part, Timer())
+    assert keep.shape[0] == 200 and keep.tolist() == sorted(set(keep.tolist()))
+    ans = ctx.ask(QUESTION, max_new_tokens=6)
+    prompt = torch.cat([ctx.ids[keep], as_tensor(part.ids, "cpu")])
+    assert ans.tokens == hf_greedy(tiny_model, prompt, 6)[:len(ans.tokens)]
+    assert ans.stats["recomputed_tokens"] == prompt.shape[0]
+
+
+def test_second_question_does_not_re_encode(tiny_model, tokenizer):
+    pipe = make(tiny_model, tokenizer)
+    ctx = pipe.encode(CONTEXT)
+    calls = []
+    original = pipe.engine.prefill
+    pipe.engine.prefill = lambda *a, **k: calls.append(a[0].shape[0]) or original(*a, **k)
+    cache_before = [lc.keys.clone() for lc in ctx.cache.layers]
+    a1, a2 = ctx.ask(QUESTION, max_new_tokens=4), ctx.ask("Who is lazy?", max_new_tokens=4)
+    # only the recompute prefills run (gathered tokens + question), never the whole context again
+    assert len(calls) == 2 and all(c < ctx.ids.shape[0] for c in calls)
+    assert all(torch.equal(b, lc.keys) for b, lc in zip(cache_before, ctx.cache.layers))  # cache untouched
+    assert a1.stats["encode"] == a2.stats["encode"]
+
+
+def test_reform_with_budgets_covering_input_equals_plain_generation(tiny_model, tokenizer):
+    """Chunked, compressed encode, but the recompute budget covers the context: same tokens as plain."""
+    pipe = make(tiny_model, tokenizer, recompute_budget=480, cache_budget=96, chunk_size=64)
+    text = CONTEXT[:470]
+    ctx = pipe.encode(text)
+    ans = ctx.ask(QUESTION, max_new_tokens=8)
+    part = pipe.templater.question(QUESTION)
+    plain = torch.cat([ctx.ids, as_tensor(part.ids, "cpu")])
+    assert ans.tokens == hf_greedy(tiny_model, plain, 8)[:len(ans.tokens)]
+    # and the first-token logits match HF's exactly
+    eng = pipe.engine
+    from reform.engine import KVCache
+    logits = eng.logits(eng.prefill(plain, KVCache.empty(4), chunk_size=50)[-1:])
+    with torch.no_grad():
+        ref = tiny_model(plain[None]).logits[0, -1:]
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("opts,msg", [
+    (dict(cache_budget=400, chunk_size=200), "must fit the model's window"),
+    (dict(recompute_budget=512), "must leave room"),
+    (dict(cache_budget=20), "smaller than the always-kept"),
+    (dict(heads="9:v:0"), "layer must be in 0..3"),
+    (dict(heads="1:k:5"), "index must be in 0..1"),
+    (dict(heads="1:x:0"), "bad head"),
+    (dict(chunk_size=0), "positive"),
+])
+def test_bad_budgets_and_heads_are_refused(tokenizer, opts, msg):
+    with pytest.raises(ValueError, match=msg):
+        make(tiny(), tokenizer, **opts)
+
+
+def test_unknown_method_and_empty_inputs(tokenizer):
+    with pytest.raises(ValueError, match="unknown method"):
+        Pipeline(tiny(), tokenizer, method="nope")
+    pipe = make(tiny(), tokenizer)
+    with pytest.raises(ValueError, match="context is empty"):
+        pipe.encode("   ")
+    with pytest.raises(ValueError, match="question is empty"):
+        pipe.encode(CONTEXT).ask(" ")
+
+
+def test_model_without_rotary_positions_is_refused(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from reform.engine import UnsupportedModelError
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=256))
+    with pytest.raises(UnsupportedModelError, match="not a decoder-only model|no rotary"):
+        Pipeline(gpt2, tokenizer)
