@@ -16,8 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="REFORM: answer questions about inputs far longer than the model's window.")
-err = Console(stderr=True)
-out = Console(highlight=False)
+err = Console(stderr=True, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
 
 
 class CliError(Exception):

@@ -25,11 +25,30 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
                                              enable_gqa=gqa)
     elif t == 1:
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], scale=scaling, enable_gqa=gqa)
+    elif q.device.type == "cpu" and _CPU_FLASH is not None:
+        return _split_attention(q, k, v, start, scaling)
     else:
         mask = torch.arange(n, device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
                                              enable_gqa=gqa)
     return out[0]
+
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _split_attention(q, k, v, start, scaling):
+    """CPU: a masked SDPA call computes every masked score. Instead attend to the cached prefix (no mask)
+    and to the chunk itself (causal, upper blocks skipped) separately and merge by log-sum-exp: the same
+    result with ~1/3 less work when chunk and cache are of a size."""
+    rep = q.shape[0] // k.shape[0]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+    o1, lse1 = _CPU_FLASH(q[None], k[None, :, :start], v[None, :, :start], scale=scaling)
+    o2, lse2 = _CPU_FLASH(q[None], k[None, :, start:], v[None, :, start:], is_causal=True, scale=scaling)
+    lse = torch.logaddexp(lse1, lse2)
+    out = o1.float() * (lse1 - lse).exp().unsqueeze(-1) + o2.float() * (lse2 - lse).exp().unsqueeze(-1)
+    return out[0].to(q.dtype)
 
 
 def attention_received(q_last: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:

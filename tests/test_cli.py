@@ -1,0 +1,73 @@
+"""Every bad input gets one clear line and a non-zero exit (no model needed for these)."""
+
+import pytest
+from typer.testing import CliRunner
+
+from reform.cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "ctx.txt"
+    p.write_text("Some context. " * 20)
+    return p
+
+
+@pytest.mark.parametrize("content,msg", [
+    (b"", "is empty"),
+    (b"   \n\n", "is empty"),
+    (b"abc\x00\x01\x02binary", "looks binary"),
+    (b"caf\xe9 au lait", "not valid UTF-8"),
+])
+def test_bad_files(tmp_path, content, msg):
+    p = tmp_path / "f.txt"
+    p.write_bytes(content)
+    r = run("ask", str(p), "--question", "What?")
+    assert r.exit_code == 2 and msg in r.output
+
+
+def test_missing_file_and_directory(tmp_path):
+    r = run("ask", str(tmp_path / "nope.txt"), "-q", "What?")
+    assert r.exit_code == 2 and "file not found" in r.output
+    r = run("ask", str(tmp_path), "-q", "What?")
+    assert r.exit_code == 2 and "is a directory" in r.output
+
+
+def test_missing_question(text_file):
+    r = run("ask", str(text_file))
+    assert r.exit_code == 2 and "a question is required" in r.output
+    r = run("ask", str(text_file), "-q", "  ")
+    assert r.exit_code == 2 and "a question is required" in r.output
+
+
+def test_unknown_model_paths(text_file, tmp_path):
+    r = run("ask", str(text_file), "-q", "What?", "--model", str(tmp_path / "missing.gguf"))
+    assert r.exit_code == 2 and "GGUF file not found" in r.output
+    r = run("ask", str(text_file), "-q", "What?", "--model", str(tmp_path))
+    assert r.exit_code == 2 and "not a model directory" in r.output
+
+
+def test_unknown_hub_id_offline(text_file):   # conftest sets HF_HUB_OFFLINE=1
+    r = run("ask", str(text_file), "-q", "What?", "--model", "no-such-org/no-such-model-xyz")
+    assert r.exit_code == 2 and "could not load model" in r.output
+
+
+def test_architecture_without_rotary_positions(text_file, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64)) \
+        .save_pretrained(tmp_path / "gpt2")
+    r = run("ask", str(text_file), "-q", "What?", "--model", str(tmp_path / "gpt2"))
+    assert r.exit_code == 2 and "gpt2" in r.output and "not a decoder-only model" in r.output
+
+
+def test_bad_dtype_and_method(text_file):
+    r = run("ask", str(text_file), "-q", "What?", "--dtype", "int3")
+    assert r.exit_code == 2 and "unknown dtype" in r.output
+    r = run("ask", str(text_file), "-q", "What?", "--method", "full", "--cache-budget", "10")
+    assert r.exit_code == 2 and "takes no chunk or budget" in r.output
