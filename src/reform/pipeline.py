@@ -9,7 +9,7 @@ import torch
 
 from .engine.core import Engine
 from .engine.layout import Templater, as_tensor
-from .heads import resolve_heads
+from .heads import find_preset, resolve_heads
 from .methods import REGISTRY, Answer, Context, Method, ReformConfig
 from .methods.reform import Reform
 from .model import load_model
@@ -20,8 +20,11 @@ def make_method(name: str, engine: Engine, model_name: str, *, heads=None, **opt
     if name not in REGISTRY:
         raise ValueError(f"unknown method '{name}'; choose one of: {', '.join(sorted(REGISTRY))}")
     if name == "reform":
+        # a model's preset may tune budgets for that model; explicit options win
+        preset = find_preset(model_name) if heads is None else None
+        given = {k: v for k, v in options.items() if v is not None}
         cfg = ReformConfig(heads=tuple(resolve_heads(heads, model_name, engine.shape)),
-                           **{k: v for k, v in options.items() if v is not None})
+                           **{**(preset or {}).get("defaults", {}), **given})
         return Reform(cfg.resolve(engine.shape))
     unknown = [k for k, v in options.items() if v is not None]
     if unknown or heads:

