@@ -165,17 +165,22 @@ class Engine:
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompt: torch.Tensor, *, max_new_tokens: int, eos_ids: Sequence[int],
-                 chunk_size: int | None = None) -> Iterator[int]:
-        """Greedy decoding with the full model: prefill ``prompt`` on a fresh cache, then yield tokens
-        until an EOS id (not yielded) or ``max_new_tokens``."""
-        if prompt.shape[0] + max_new_tokens > self.shape.window:
-            raise ValueError(f"prompt ({prompt.shape[0]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                 cache: KVCache | None = None, chunk_size: int | None = None) -> Iterator[int]:
+        """Greedy decoding with the full model: prefill ``prompt`` on ``cache`` (a fresh one by default;
+        a compressed cache of all layers for methods that answer from it), then yield tokens until an
+        EOS id (not yielded) or ``max_new_tokens``."""
+        cache = cache if cache is not None else KVCache.empty(self.shape.n_layers)
+        if len(cache.layers) != self.shape.n_layers:
+            raise ValueError(f"generation needs a cache of all {self.shape.n_layers} layers, got {len(cache.layers)}")
+        used = cache.length + prompt.shape[0]
+        if used + max_new_tokens > self.shape.window:
+            raise ValueError(f"prompt ({used} tokens with the cache) + max_new_tokens ({max_new_tokens}) exceeds "
                              f"the model's window ({self.shape.window})")
-        cache = KVCache.empty(self.shape.n_layers)
         hidden = self.prefill(prompt, cache, chunk_size=chunk_size or self.shape.window)
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             token = int(self.logits(hidden[-1:]).argmax(-1))
             if token in eos_ids:
                 return
             yield token
-            hidden = self.forward(torch.tensor([token], device=self.device), cache)
+            if step + 1 < max_new_tokens:
+                hidden = self.forward(torch.tensor([token], device=self.device), cache)

@@ -61,7 +61,8 @@ class Context:
 
 
 class Method:
-    """Base class: ``encode`` stores the context, ``select`` picks the context tokens to recompute."""
+    """Base class. Plug-in points: ``encode`` (what is kept of the context), ``select`` (which context
+    tokens are recomputed) or, for methods that answer from their compressed cache, ``prompt``."""
 
     name: ClassVar[str]
 
@@ -72,19 +73,25 @@ class Method:
         """Indices (ascending) of the context tokens the answer is computed from; default: all."""
         return torch.arange(ctx.ids.shape[0], device=ctx.ids.device)
 
-    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
-               on_text: Callable[[str], None] | None) -> Answer:
-        """Recompute the selected tokens + question with the full model (fresh contiguous positions),
-        then decode greedily."""
-        pipe, timer = ctx.pipeline, Timer()
-        timer.add("encode", ctx.encode_seconds)
+    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, KVCache | None]:
+        """What generation starts from: by default the selected context tokens + the question, recomputed
+        on a fresh cache at contiguous positions. Methods that answer from their compressed cache return
+        the question alone and a copy of that cache."""
         with timer.stage("gather"):
             keep = self.select(ctx, part, timer)
-        prompt = torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)])
+        return torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)]), None
+
+    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
+               on_text: Callable[[str], None] | None) -> Answer:
+        """Build the prompt, then decode greedily with the full model."""
+        pipe, timer = ctx.pipeline, Timer()
+        timer.add("encode", ctx.encode_seconds)
+        prompt, cache = self.prompt(ctx, part, timer)
         tokens: list[int] = []
         text = ""
         t0 = time.perf_counter()
-        for tok in pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids):
+        for tok in pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids,
+                                        cache=cache):
             if not tokens:
                 timer.add("recompute", time.perf_counter() - t0)   # prefill + first token
                 t0 = time.perf_counter()
