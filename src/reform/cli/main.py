@@ -16,6 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="REFORM: answer questions about inputs far longer than the model's window.")
+from .heads import app as heads_app
+
+app.add_typer(heads_app, name="heads")
 err = Console(stderr=True, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
