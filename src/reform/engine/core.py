@@ -10,6 +10,7 @@ tests check against ``model(...)`` and ``model.generate(...)``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
@@ -96,6 +97,17 @@ class Engine:
         self.scaling = getattr(attn, "scaling", self.shape.head_dim ** -0.5)
         self.device = self.embed.weight.device
         self.dtype = self.embed.weight.dtype
+        self.max_positions = self.shape.window   # positions beyond are refused (see ``past_window``)
+
+    @contextmanager
+    def past_window(self, positions: int):
+        """Allow positions up to ``positions`` (beyond the window the model was trained on) inside the
+        ``with`` block: only the full-attention baseline asks for this, to show what happens past W."""
+        old, self.max_positions = self.max_positions, max(self.max_positions, positions)
+        try:
+            yield
+        finally:
+            self.max_positions = old
 
     # ---------------------------------------------------------------- one block of tokens
     @torch.inference_mode()
@@ -106,9 +118,9 @@ class Engine:
         The block sits at positions ``cache.length ..``; returns the last layer's hidden states [T, hidden].
         """
         start, t = cache.length, ids.shape[0]
-        if start + t > self.shape.window:
+        if start + t > self.max_positions:
             raise ValueError(f"positions up to {start + t - 1} would exceed the model's window "
-                             f"({self.shape.window}); lower the chunk size or the cache budget")
+                             f"({self.max_positions}); lower the chunk size or the cache budget")
         x = self.embed(ids.to(self.device))
         for i, lc in enumerate(cache.layers):
             x = self._layer(i, x, lc, start, hook, policy)
@@ -173,9 +185,9 @@ class Engine:
         if len(cache.layers) != self.shape.n_layers:
             raise ValueError(f"generation needs a cache of all {self.shape.n_layers} layers, got {len(cache.layers)}")
         used = cache.length + prompt.shape[0]
-        if used + max_new_tokens > self.shape.window:
+        if used + max_new_tokens > self.max_positions:
             raise ValueError(f"prompt ({used} tokens with the cache) + max_new_tokens ({max_new_tokens}) exceeds "
-                             f"the model's window ({self.shape.window})")
+                             f"the model's window ({self.max_positions})")
         hidden = self.prefill(prompt, cache, chunk_size=chunk_size or self.shape.window)
         for step in range(max_new_tokens):
             token = int(self.logits(hidden[-1:]).argmax(-1))

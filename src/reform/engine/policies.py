@@ -28,7 +28,32 @@ def top_budget(scores: torch.Tensor, budget: int, forced: torch.Tensor) -> torch
 
 
 @dataclass
-class H2O:
+class TopBudget:
+    """Base of the score-based policies: after a chunk, every layer and KV head keeps its ``budget``
+    best-ranked entries (``rank``), always including the first ``keep_first`` and the last ``keep_last``."""
+
+    budget: int
+    keep_first: int = 256
+    keep_last: int = 256
+
+    def __post_init__(self):
+        if self.budget < self.keep_first + self.keep_last:
+            raise ValueError(f"cache budget {self.budget} is smaller than the always-kept first+last tokens "
+                             f"({self.keep_first}+{self.keep_last})")
+
+    def rank(self, cache: LayerCache) -> torch.Tensor:
+        """Per KV head, how much each cached entry is worth keeping, ``[n_kv_heads, length]``."""
+        return cache.scores
+
+    def compress(self, cache: KVCache, rotary: Rotary) -> None:
+        for lc in cache.layers:
+            if lc.length > self.budget:
+                forced = forced_mask(lc.length, self.keep_first, self.keep_last, lc.keys.device)
+                lc.keep(top_budget(self.rank(lc), self.budget, forced), rotary)
+
+
+@dataclass
+class H2O(TopBudget):
     """Heavy-Hitter Oracle (Zhang et al., 2023), as REFORM compresses with it (REFORM §3.1, §4 setup).
 
     Each cached token's score is the attention it has received, accumulated over chunks, per KV head
@@ -37,15 +62,7 @@ class H2O:
     tokens plus, always, the first ``keep_first`` and last ``keep_last`` tokens.
     """
 
-    budget: int
-    keep_first: int = 256
-    keep_last: int = 256
     score_window: int = 128
-
-    def __post_init__(self):
-        if self.budget < self.keep_first + self.keep_last:
-            raise ValueError(f"cache budget {self.budget} is smaller than the always-kept first+last tokens "
-                             f"({self.keep_first}+{self.keep_last})")
 
     def observe(self, layer: int, received: torch.Tensor, cache: LayerCache, n_new: int) -> None:
         old = cache.scores
@@ -55,8 +72,40 @@ class H2O:
             n_old = received.shape[1] - n_new
             cache.scores = torch.cat([old + received[:, :n_old], received[:, n_old:]], dim=1)
 
-    def compress(self, cache: KVCache, rotary: Rotary) -> None:
-        for lc in cache.layers:
-            if lc.length > self.budget:
-                forced = forced_mask(lc.length, self.keep_first, self.keep_last, lc.scores.device)
-                lc.keep(top_budget(lc.scores, self.budget, forced), rotary)
+
+@dataclass
+class TOVA(TopBudget):
+    """Token Omission Via Attention (Oren et al., 2024, "Transformers are Multi-State RNNs").
+
+    TOVA drops the token the current query attends to least, attention averaged over all heads of the
+    layer, so every head of a layer keeps the same tokens and scores are not accumulated. Chunked, as
+    the REFORM paper runs its recurrent baselines: after each chunk the layer keeps the ``budget`` tokens
+    that the chunk's last query (``score_window`` = 1) attends to most, plus the forced first/last ones.
+    """
+
+    score_window: int = 1
+
+    def observe(self, layer: int, received: torch.Tensor, cache: LayerCache, n_new: int) -> None:
+        # received is summed over each KV group's query heads: summing the groups is the head average
+        # up to a constant factor, which does not change the ranking
+        cache.scores = received.sum(0, keepdim=True).expand_as(received)
+
+
+@dataclass
+class StreamingLLM(TopBudget):
+    """Attention sinks + recent window (Xiao et al., 2024, "Efficient Streaming Language Models with
+    Attention Sinks"): keep the first ``keep_first`` tokens (the sinks) and the most recent
+    ``budget - keep_first``; no scores. ``keep_last`` is derived from the budget. Positions are re-packed
+    after eviction, as the paper assigns positions by place in the cache, not in the original text."""
+
+    score_window: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.keep_first < self.budget:
+            raise ValueError(f"StreamingLLM keeps {self.keep_first} sink tokens, which leaves no recent window "
+                             f"in a cache budget of {self.budget}")
+        self.keep_last = self.budget - self.keep_first
+        super().__post_init__()
+
+    def rank(self, cache: LayerCache) -> torch.Tensor:
+        return torch.zeros(cache.keys.shape[:2], device=cache.keys.device)   # only forced entries survive
