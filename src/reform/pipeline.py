@@ -9,27 +9,28 @@ import torch
 
 from .engine.core import Engine
 from .engine.layout import Templater, as_tensor
-from .heads import find_preset, resolve_heads
-from .methods import REGISTRY, Answer, Context, Method, ReformConfig
-from .methods.reform import Reform
+from .heads import find_preset
+from .methods import REGISTRY, Answer, Context, Method
 from .model import load_model
 
 
-def make_method(name: str, engine: Engine, model_name: str, *, heads=None, **options) -> Method:
-    """Build a registered method with its defaults scaled to the model's window; ``options`` override."""
+def method_class(name: str) -> type[Method]:
     if name not in REGISTRY:
         raise ValueError(f"unknown method '{name}'; choose one of: {', '.join(sorted(REGISTRY))}")
-    if name == "reform":
-        # a model's preset may tune budgets for that model; explicit options win
-        preset = find_preset(model_name) if heads is None else None
-        given = {k: v for k, v in options.items() if v is not None}
-        cfg = ReformConfig(heads=tuple(resolve_heads(heads, model_name, engine.shape)),
-                           **{**(preset or {}).get("defaults", {}), **given})
-        return Reform(cfg.resolve(engine.shape))
-    unknown = [k for k, v in options.items() if v is not None]
-    if unknown or heads:
-        raise ValueError(f"method '{name}' takes no options {unknown or ['heads']}")
-    return REGISTRY[name]()
+    return REGISTRY[name]
+
+
+def check_method_options(name: str, **options) -> None:
+    """Refuse an unknown method or options it does not take, before any model is loaded."""
+    method_class(name).check_options(options)
+
+
+def make_method(name: str, engine: Engine, model_name: str, **options) -> Method:
+    """Build a registered method with its defaults scaled to the model's window; ``options`` (fields of
+    the method's config dataclass, ``None`` = default) override. A model preset's tuned ``defaults`` (e.g.
+    SmolLM2's recompute budget) apply to every method whose config has those fields."""
+    preset = find_preset(model_name)
+    return method_class(name).create(engine.shape, model_name, (preset or {}).get("defaults"), **options)
 
 
 class Pipeline:

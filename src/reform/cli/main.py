@@ -19,8 +19,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 from .heads import app as heads_app
 
 app.add_typer(heads_app, name="heads")
-err = Console(stderr=True, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 
 class CliError(Exception):
@@ -58,36 +58,51 @@ def encode_progress(total: int, quiet: bool):
 # Shared options --------------------------------------------------------------------------------
 ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local directory or .gguf file "
                         "(default: the packaged SmolLM2-135M-Instruct)")
-MethodOpt = typer.Option("reform", "--method", help="long-context method")
+MethodOpt = typer.Option("reform", "--method", help="long-context method: reform, full, truncate, streaming, h2o, "
+                         "tova, rag-bm25, rag-dense, reform+rag (see the README's Methods table)")
 HeadsOpt = typer.Option(None, "--heads", help="embedding heads 'LAYER:KIND:HEAD,...' or a preset JSON "
                         "(default: the model's preset)")
-ChunkOpt = typer.Option(None, "--chunk-size", help="tokens per encoded chunk (default: window/4)")
-CacheOpt = typer.Option(None, "--cache-budget", help="compressed KV cache size (default: window/4)")
-RecomputeOpt = typer.Option(None, "--recompute-budget", help="context tokens gathered and recomputed "
-                            "(default: window/2)")
+ChunkOpt = typer.Option(None, "--chunk-size", help="tokens per encoded chunk (default: window/4; reform and "
+                        "the recurrent methods)")
+CacheOpt = typer.Option(None, "--cache-budget", help="compressed KV cache size (default: window/4; reform and "
+                        "the recurrent methods)")
+RecomputeOpt = typer.Option(None, "--recompute-budget", help="context tokens gathered and recomputed (default: "
+                            "window/2 or the model preset's; reform, truncate, rag-*, reform+rag)")
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
 DtypeOpt = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 where the hardware has it)")
 
 
+_FLAGS = {"chunk_size": "--chunk-size", "cache_budget": "--cache-budget", "recompute_budget": "--recompute-budget",
+          "heads": "--heads"}
+
+
+def option_error(e) -> CliError:
+    """An ``OptionError`` in terms of this command's flags."""
+    bad = ", ".join(_FLAGS.get(k, k) for k in e.unknown)
+    takes = [_FLAGS[k] for k in _FLAGS if k in e.accepted]
+    if not any(k in e.accepted for k in ("chunk_size", "cache_budget", "recompute_budget")):
+        return CliError(f"method '{e.method}' takes no chunk or budget options ({bad} given)")
+    return CliError(f"method '{e.method}' takes no {bad} option; it takes {', '.join(takes)}")
+
+
 def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
                    chat_template=True):
+    """Load the model and build ``method``; options left as None take the method's defaults, and a
+    method refuses options it does not take (before the model is loaded)."""
     from ..model import ModelLoadError
-    from ..pipeline import Pipeline
+    from ..pipeline import Pipeline, check_method_options
     from ..engine.core import UnsupportedModelError
+    from ..methods.options import OptionError
+    options = {"heads": heads, "chunk_size": chunk_size, "cache_budget": cache_budget,
+               "recompute_budget": recompute_budget}
     try:
-        return Pipeline.load(model, device=device, dtype=dtype, method=method, heads=heads,
-                             use_chat_template=chat_template,
-                             **({"chunk_size": chunk_size, "cache_budget": cache_budget,
-                                 "recompute_budget": recompute_budget} if method == "reform" else
-                                _no_budgets(chunk_size, cache_budget, recompute_budget, method)))
+        check_method_options(method, **options)
+        return Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
+                             **options)
+    except OptionError as e:
+        raise option_error(e) from None
     except (ModelLoadError, UnsupportedModelError, ValueError) as e:
         raise CliError(str(e)) from None
-
-
-def _no_budgets(chunk, cache, recompute, method) -> dict:
-    if any(v is not None for v in (chunk, cache, recompute)):
-        raise CliError(f"method '{method}' takes no chunk or budget options")
-    return {}
 
 
 def run_question(pipe, text: str, question: str, answer_prefix: str, max_new_tokens: int, as_json: bool,

@@ -1,5 +1,12 @@
-from .base import REGISTRY, Answer, Context, Method
+from .base import REGISTRY, Answer, CachedMethod, Context, Method
 from .full import Full
+from .h2o import H2OConfig, H2OMethod
+from .options import OptionError
 from .reform import Reform, ReformConfig
+from .streaming import Streaming, StreamingConfig
+from .tova import TOVAConfig, TOVAMethod
+from .truncate import Truncate, TruncateConfig
 
-__all__ = ["REGISTRY", "Answer", "Context", "Method", "Full", "Reform", "ReformConfig"]
+__all__ = ["REGISTRY", "Answer", "CachedMethod", "Context", "Method", "OptionError", "Full", "Reform",
+           "ReformConfig", "Truncate", "TruncateConfig", "Streaming",
+           "StreamingConfig", "H2OMethod", "H2OConfig", "TOVAMethod", "TOVAConfig"]

@@ -2,7 +2,9 @@
 
 A method decides three things (DESIGN.md): how the context is encoded (eviction policy + what is
 stored per token), which context tokens a question brings back, and how the answer is produced.
-``Method.encode`` and ``Method.select`` are the plug-in points; recompute-then-generate lives here.
+``Method.encode`` and ``Method.select`` are the plug-in points; recompute-then-generate lives here, and
+``CachedMethod`` is the other answerer: generate straight from the compressed cache of all layers.
+A method's options are the fields of its ``Config`` dataclass (``Method.create`` builds it).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import torch
 
 from ..engine.cache import KVCache
+from ..engine.core import EvictionPolicy, ModelShape
 from ..engine.layout import QuestionPart, as_tensor
 from ..stats import Timer, peak_cuda_mb, peak_memory_mb
+from .options import build_config, check_names
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -65,6 +69,22 @@ class Method:
     tokens are recomputed) or, for methods that answer from their compressed cache, ``prompt``."""
 
     name: ClassVar[str]
+    Config: ClassVar[type | None] = None   # dataclass of the method's options; None: it takes none
+
+    def __init__(self, config=None):
+        self.config = config
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Refuse options the method does not take (no model needed)."""
+        check_names(cls.name, cls.Config, options)
+
+    @classmethod
+    def create(cls, shape: ModelShape, model_name: str, defaults: dict | None = None, **options) -> "Method":
+        """The method with its config built from ``options`` (``None`` values: default) over ``defaults``
+        (a model preset's tuned values, for the fields the config has), scaled to ``shape``'s window."""
+        config = build_config(cls.name, cls.Config, options, defaults)
+        return cls(config.resolve(shape) if config is not None else None)
 
     def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         return Context(pipe, self, ids)
@@ -109,6 +129,27 @@ class Method:
             stats["peak_cuda_mb"] = cuda
         return Answer(pipe.tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens, self.name,
                       int(ctx.ids.shape[0] + len(part.ids)), stats)
+
+
+class CachedMethod(Method):
+    """A recurrent method that answers from its compressed cache: the context runs chunk by chunk
+    through ALL layers with ``policy()`` evicting after every chunk (``Engine.prefill``); the question is
+    then prefilled on a copy of the final cache and the answer generated from it."""
+
+    def policy(self, pipe: "Pipeline") -> EvictionPolicy:
+        """A fresh eviction policy for one encode (by default the config builds it)."""
+        return self.config.policy()
+
+    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+        cache = KVCache.empty(pipe.engine.shape.n_layers)
+        pipe.engine.prefill(ids, cache, chunk_size=self.config.chunk_size, policy=self.policy(pipe),
+                            progress=progress)
+        for lc in cache.layers:
+            lc.scores = None    # eviction state: not needed once the context is encoded
+        return Context(pipe, self, ids, cache=cache)
+
+    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, KVCache | None]:
+        return as_tensor(part.ids, ctx.ids.device), ctx.cache.clone()
 
 
 REGISTRY: dict[str, type] = {}

@@ -1,12 +1,69 @@
-"""Full attention: the whole prompt through the model at once; the reference every method approaches."""
+"""Full attention: the whole prompt through the model at once; the reference every method approaches
+(REFORM §4 compares against it inside the window)."""
 
 from __future__ import annotations
 
-from .base import Method, register
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from ..engine.core import Engine
+from ..engine.layout import QuestionPart
+from .base import Answer, Context, Method, register
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` (CUDA: free GPU memory; CPU: MemAvailable), or None."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def full_attention_bytes(engine: Engine, n: int) -> int:
+    """Rough memory full attention over ``n`` tokens needs on top of the model: the KV cache of every layer
+    (pre-RoPE keys, rotated keys, values) plus one layer's transient attention state (KV repeated per
+    query head, and the chunk x cache mask off-CPU)."""
+    s = engine.shape
+    size = torch.empty((), dtype=engine.dtype).element_size()
+    cache = 3 * s.n_layers * s.n_kv_heads * s.head_dim * n * size
+    transient = 2 * s.n_heads * s.head_dim * n * size + (s.window * n if engine.device.type != "cpu" else 0)
+    return cache + transient
 
 
 @register
 class Full(Method):
-    """Plain generation over the whole input (only possible inside the model's window)."""
+    """Plain generation over the whole input. Past the model's window it still runs (with a warning:
+    the model never saw such positions, so expect worse answers); it refuses inputs whose KV cache would
+    not fit in the memory that is free."""
 
     name = "full"
+
+    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+        engine, n = pipe.engine, ids.shape[0]
+        need, free = full_attention_bytes(engine, n), available_memory(engine.device)
+        if free is not None and need > free:
+            raise ValueError(f"full attention over {n} tokens needs about {need / 2**30:.1f} GiB for its KV cache, "
+                             f"but only {free / 2**30:.1f} GiB is free on {engine.device}; use a method that "
+                             "bounds memory (e.g. --method reform)")
+        if n > engine.shape.window:
+            warnings.warn(f"the input ({n} tokens) is longer than the model's window ({engine.shape.window}): "
+                          "full attention runs at positions the model was not trained on; expect degraded "
+                          "answers", stacklevel=2)
+        return Context(pipe, self, ids)
+
+    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
+               on_text: Callable[[str], None] | None) -> Answer:
+        positions = ctx.ids.shape[0] + len(part.ids) + max_new_tokens
+        with ctx.pipeline.engine.past_window(positions):
+            return super().answer(ctx, part, max_new_tokens=max_new_tokens, on_text=on_text)

@@ -25,8 +25,10 @@ from ..engine.core import ModelShape
 from ..engine.extractors import HeadEmbeddings, HeadSpec
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import H2O, forced_mask, top_budget
+from ..heads import resolve_heads
 from ..stats import Timer
 from .base import Context, Method, register
+from .options import keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -78,9 +80,7 @@ class ReformConfig:
     embed_dtype: torch.dtype = torch.float16
 
     def resolve(self, shape: ModelShape) -> "ReformConfig":
-        w = shape.window
-        keep = min(256, w // 32)
-        pick = lambda value, default: default if value is None else value
+        w, keep = shape.window, keep_default(shape)
         c = replace(self, chunk_size=pick(self.chunk_size, w // 4), cache_budget=pick(self.cache_budget, w // 4),
                     recompute_budget=pick(self.recompute_budget, w // 2),
                     keep_first=pick(self.keep_first, keep), keep_last=pick(self.keep_last, keep))
@@ -88,23 +88,16 @@ class ReformConfig:
         return c
 
     def check(self, shape: ModelShape) -> None:
-        w = shape.window
         if not self.heads:
             raise ValueError("REFORM needs at least one embedding head")
         for h in self.heads:
             h.check(shape)
-        if self.chunk_size < 1 or self.cache_budget < 1 or self.recompute_budget < 1:
-            raise ValueError("chunk size and budgets must be positive")
-        if self.cache_budget + self.chunk_size > w:
-            raise ValueError(f"cache budget ({self.cache_budget}) + chunk size ({self.chunk_size}) must fit "
-                             f"the model's window ({w})")
-        if self.recompute_budget >= w:
-            raise ValueError(f"recompute budget ({self.recompute_budget}) must leave room in the model's "
-                             f"window ({w}) for the question and the answer")
+        require_positive(chunk_size=self.chunk_size, cache_budget=self.cache_budget,
+                         recompute_budget=self.recompute_budget)
+        require_chunk_fits(self.cache_budget, self.chunk_size, shape)
+        require_room(self.recompute_budget, shape)
         for name, budget in (("cache", self.cache_budget), ("recompute", self.recompute_budget)):
-            if budget < self.keep_first + self.keep_last:
-                raise ValueError(f"{name} budget ({budget}) is smaller than the always-kept first+last tokens "
-                                 f"({self.keep_first}+{self.keep_last})")
+            require_keep(name, budget, self.keep_first, self.keep_last)
         if self.pool_window < 1 or self.pool_window % 2 == 0:
             raise ValueError(f"pool window must be a positive odd number, got {self.pool_window}")
 
@@ -112,9 +105,17 @@ class ReformConfig:
 @register
 class Reform(Method):
     name = "reform"
+    Config = ReformConfig
 
-    def __init__(self, config: ReformConfig):
-        self.config = config
+    @classmethod
+    def create(cls, shape: ModelShape, model_name: str, defaults: dict | None = None, heads=None,
+               **options) -> "Reform":
+        """``heads``: None (the model's preset), a preset JSON path, "LAYER:KIND:HEAD,..." or a list.
+        A preset's tuned budgets belong to its heads, so explicit heads drop them."""
+        if heads is not None:
+            defaults = None
+        heads = tuple(resolve_heads(heads, model_name, shape))
+        return super().create(shape, model_name, defaults, heads=heads, **options)
 
     def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         c = self.config
@@ -130,7 +131,11 @@ class Reform(Method):
         c, n = self.config, ctx.ids.shape[0]
         if ctx.state is None:
             return torch.arange(n, device=ctx.ids.device)
-        engine = ctx.pipeline.engine
+        return gather_indices(self.scores(ctx, part), c.recompute_budget, c.keep_first, c.keep_last)
+
+    def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
+        """Every context token's importance for the question: max-pooled cosine to the question tokens."""
+        c, engine = self.config, ctx.pipeline.engine
         if ctx.cache.length + len(part.ids) > engine.shape.window:
             raise ValueError(f"the question ({len(part.ids)} tokens) does not fit the window next to the "
                              f"compressed cache ({ctx.cache.length}); shorten it or lower the cache budget")
@@ -140,5 +145,4 @@ class Reform(Method):
         query = q_emb.data[part.query_span]
         if query.shape[0] == 0:
             raise ValueError("the question has no tokens to search with")
-        scores = max_pool(token_scores(ctx.state.data, query), c.pool_window)
-        return gather_indices(scores, c.recompute_budget, c.keep_first, c.keep_last)
+        return max_pool(token_scores(ctx.state.data, query), c.pool_window)

@@ -1,0 +1,121 @@
+"""Method options: each method's config dataclass says which options it takes; defaults scale with the
+model's window W the way the REFORM paper's settings do for 128k-window models (chunk = cache = 32k = W/4,
+recompute / retrieval budget 8k-16k ~ W/2, always-kept first/last 256 tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from ..engine.core import ModelShape
+
+
+class OptionError(ValueError):
+    """A method was given options its config does not have."""
+
+    def __init__(self, method: str, unknown: list[str], accepted: list[str]):
+        self.method, self.unknown, self.accepted = method, unknown, accepted
+        takes = f"its options are {', '.join(accepted)}" if accepted else "it takes no options"
+        super().__init__(f"method '{method}' does not take {', '.join(unknown)}; {takes}")
+
+
+def option_names(config_cls: type | None) -> list[str]:
+    return [f.name for f in fields(config_cls)] if config_cls is not None else []
+
+
+def given(options: dict) -> dict:
+    """The options actually set (``None`` means: use the default)."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def check_names(method: str, config_cls: type | None, options: dict) -> None:
+    accepted = option_names(config_cls)
+    unknown = sorted(k for k in given(options) if k not in accepted)
+    if unknown:
+        raise OptionError(method, unknown, accepted)
+
+
+def build_config(method: str, config_cls: type | None, options: dict, defaults: dict | None = None):
+    """``config_cls(**options)``, refusing options it does not have; ``defaults`` (e.g. a model preset's
+    tuned values) fill the fields they name that the options leave unset and are ignored otherwise."""
+    check_names(method, config_cls, options)
+    if config_cls is None:
+        return None
+    names = set(option_names(config_cls))
+    base = {k: v for k, v in (defaults or {}).items() if k in names}
+    return config_cls(**{**base, **given(options)})
+
+
+def keep_default(shape: ModelShape) -> int:
+    """Tokens always kept at each end: 256 as in the paper, W/32 for windows under 8k."""
+    return min(256, shape.window // 32)
+
+
+def pick(value, default):
+    return default if value is None else value
+
+
+def require_positive(**values: int) -> None:
+    if any(v < 1 for v in values.values()):
+        names = [k.replace("_", " ") for k in values]
+        label = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        raise ValueError(f"{label} must be positive")
+
+
+def require_chunk_fits(cache_budget: int, chunk_size: int, shape: ModelShape) -> None:
+    if cache_budget + chunk_size > shape.window:
+        raise ValueError(f"cache budget ({cache_budget}) + chunk size ({chunk_size}) must fit the model's "
+                         f"window ({shape.window})")
+
+
+def require_room(budget: int, shape: ModelShape, name: str = "recompute") -> None:
+    if budget >= shape.window:
+        raise ValueError(f"{name} budget ({budget}) must leave room in the model's window ({shape.window}) "
+                         "for the question and the answer")
+
+
+def require_keep(name: str, budget: int, keep_first: int, keep_last: int) -> None:
+    if keep_first < 0 or keep_last < 0:
+        raise ValueError("always-kept token counts cannot be negative")
+    if budget < keep_first + keep_last:
+        raise ValueError(f"{name} budget ({budget}) is smaller than the always-kept first+last tokens "
+                         f"({keep_first}+{keep_last})")
+
+
+@dataclass
+class CacheConfig:
+    """Options of a recurrent method that answers from its compressed cache. The paper runs its
+    recurrent baselines with chunk = cache budget = 32k (W/4) and the first/last 256 tokens always kept."""
+
+    chunk_size: int | None = None
+    cache_budget: int | None = None
+    keep_first: int | None = None
+
+    def defaults(self, shape: ModelShape) -> dict:
+        return {"chunk_size": shape.window // 4, "cache_budget": shape.window // 4, "keep_first": keep_default(shape)}
+
+    def resolve(self, shape: ModelShape):
+        c = replace(self, **{k: pick(getattr(self, k), v) for k, v in self.defaults(shape).items()})
+        c.check(shape)
+        return c
+
+    def check(self, shape: ModelShape) -> None:
+        require_positive(chunk_size=self.chunk_size, cache_budget=self.cache_budget)
+        require_chunk_fits(self.cache_budget, self.chunk_size, shape)
+        self.policy()   # the policy validates its own budgets
+
+    def policy(self):
+        raise NotImplementedError
+
+
+@dataclass
+class EvictionConfig(CacheConfig):
+    """A cache method that keeps the best-scored tokens plus the first and last ``keep_*`` ones."""
+
+    keep_last: int | None = None
+
+    def defaults(self, shape: ModelShape) -> dict:
+        return {**super().defaults(shape), "keep_last": keep_default(shape)}
+
+    def check(self, shape: ModelShape) -> None:
+        require_keep("cache", self.cache_budget, self.keep_first, self.keep_last)
+        super().check(shape)

@@ -1,0 +1,194 @@
+"""The paper's baselines as methods of the one engine: budgets and positions hold at every chunk, covering
+budgets reduce every method to full attention, RAG keeps passage order and its budget, bad options are
+refused."""
+
+import math
+
+import pytest
+import torch
+
+from reform.engine import KVCache, LayerCache, StreamingLLM, TOVA
+from reform.engine.layout import as_tensor
+from reform.methods import OptionError
+from reform.pipeline import Pipeline
+from reform.stats import Timer
+
+from conftest import WINDOW, CharTokenizer, tiny
+
+CONTEXT = "The quick brown fox jumps over the lazy dog. " * 30          # ~1350 byte-tokens, > the 512 window
+QUESTION = "What does the fox do?"
+CACHED = ["streaming", "h2o", "tova"]
+
+
+class TextTokenizer(CharTokenizer):
+    """Byte tokenizer whose decode inverts encode (RAG retrievers read the decoded passages)."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return bytes(i - 3 for i in ids if i >= 3).decode("utf-8", errors="replace")
+
+
+def hf_greedy(model, ids, n):
+    with torch.no_grad():
+        out = model.generate(ids[None], max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[0]:].tolist()
+
+
+def plain_prompt(pipe, text, question=QUESTION):
+    part = pipe.templater.question(question)
+    return torch.cat([pipe.tokenize_context(text), as_tensor(part.ids, "cpu")])
+
+
+# ------------------------------------------------------------------ recurrent methods: budget and positions
+@pytest.mark.parametrize("name", CACHED)
+def test_cache_within_budget_at_every_chunk_and_positions_within_window(name, tiny_model, tokenizer):
+    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=96, cache_budget=160)
+    lengths, ends = [], []
+    make_policy, forward = pipe.method.policy, pipe.engine.forward
+
+    def spy_policy(p):
+        policy = make_policy(p)
+        compress = policy.compress
+        policy.compress = lambda cache, rotary: (compress(cache, rotary),
+                                                 lengths.append({lc.length for lc in cache.layers}))
+        return policy
+
+    pipe.method.policy = spy_policy
+    pipe.engine.forward = lambda ids, cache, **kw: ends.append(cache.length + ids.shape[0]) or forward(ids, cache, **kw)
+    ctx = pipe.encode(CONTEXT)
+    n = ctx.ids.shape[0]
+    assert n > 2 * WINDOW
+    assert len(lengths) == math.ceil(n / 96)                               # compressed after every chunk
+    assert all(len(s) == 1 and s.pop() <= 160 for s in lengths)            # every layer within budget
+    assert len(ctx.cache.layers) == pipe.engine.shape.n_layers and ctx.cache.length == 160
+    assert max(ends) <= 160 + 96 <= WINDOW                                 # positions inside the window
+    ends.clear()
+    ans = ctx.ask(QUESTION, max_new_tokens=6)
+    assert ans.stats["recomputed_tokens"] == len(pipe.templater.question(QUESTION).ids)   # question only
+    assert max(ends) <= 160 + ans.stats["recomputed_tokens"] + 6 <= WINDOW
+    assert ctx.cache.length == 160                                         # asking leaves the cache as it was
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_cache_methods_with_covering_budget_equal_full_attention(name, tiny_model, tokenizer):
+    """Chunked encode on a cache large enough to never evict: the same tokens and logits as plain HF."""
+    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=64, cache_budget=400)
+    text = CONTEXT[:300]
+    ctx = pipe.encode(text)
+    assert ctx.cache.length == ctx.ids.shape[0]
+    plain = plain_prompt(pipe, text)
+    assert ctx.ask(QUESTION, max_new_tokens=8).tokens == hf_greedy(tiny_model, plain, 8)
+    prompt, cache = pipe.method.prompt(ctx, pipe.templater.question(QUESTION), Timer())
+    logits = pipe.engine.logits(pipe.engine.prefill(prompt, cache, chunk_size=WINDOW)[-1:])
+    with torch.no_grad():
+        ref = tiny_model(plain[None]).logits[0, -1:]
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,options", [("truncate", {})])
+def test_recompute_methods_with_covering_budget_equal_full_attention(name, options, tiny_model):
+    pipe = Pipeline(tiny_model, TextTokenizer(), method=name, recompute_budget=400, **options)
+    text = CONTEXT[:300]
+    ans = pipe.encode(text).ask(QUESTION, max_new_tokens=8)
+    plain = plain_prompt(pipe, text)
+    assert ans.tokens == hf_greedy(tiny_model, plain, 8)
+    assert ans.stats["recomputed_tokens"] == plain.shape[0]
+
+
+# ------------------------------------------------------------------ the eviction policies themselves
+def layer_cache(n, heads=2, d=8):
+    keys = torch.arange(n, dtype=torch.float32)[None, :, None].expand(heads, n, d).contiguous()
+    return LayerCache(keys.clone(), keys.clone(), keys.clone())
+
+
+class NoRotation:
+    def rotate(self, x, start):
+        return x
+
+
+def test_streaming_keeps_sinks_and_recent_window():
+    lc = layer_cache(50)
+    StreamingLLM(budget=12, keep_first=4).compress(KVCache([lc]), NoRotation())
+    assert lc.keys_pre[:, :, 0].tolist() == [list(range(4)) + list(range(42, 50))] * 2
+
+
+def test_tova_keeps_what_the_last_query_attends_to_most_averaged_over_heads():
+    lc = layer_cache(30)
+    received = torch.rand(2, 30)
+    policy = TOVA(budget=10, keep_first=2, keep_last=3)
+    policy.observe(0, received, lc, 30)
+    policy.compress(KVCache([lc]), NoRotation())
+    total = received.sum(0)
+    middle = total[2:27].topk(5).indices + 2
+    expected = sorted([0, 1, 27, 28, 29] + middle.tolist())
+    assert lc.keys_pre[:, :, 0].tolist() == [expected, expected]           # the same tokens in every head
+
+
+# ------------------------------------------------------------------ full attention
+def test_full_warns_past_the_window_and_still_equals_plain_generation(tiny_model, tokenizer):
+    pipe = Pipeline(tiny_model, tokenizer, method="full")
+    text = CONTEXT[:600]
+    with pytest.warns(UserWarning, match="longer than the model's window"):
+        ctx = pipe.encode(text)
+    assert ctx.ask(QUESTION, max_new_tokens=6).tokens == hf_greedy(tiny_model, plain_prompt(pipe, text), 6)
+    assert pipe.engine.max_positions == WINDOW                               # the allowance was temporary
+
+
+def test_full_refuses_inputs_that_do_not_fit_memory(tokenizer, monkeypatch):
+    import reform.methods.full as full
+    monkeypatch.setattr(full, "available_memory", lambda device: 1000)
+    with pytest.raises(ValueError, match="needs about .* GiB .* use a method that bounds memory"):
+        Pipeline(tiny(), tokenizer, method="full").encode(CONTEXT[:100])
+
+
+# ------------------------------------------------------------------ options
+def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
+    pipe = Pipeline(tiny(), tokenizer, method="h2o")
+    c = pipe.method.config
+    assert (c.chunk_size, c.cache_budget, c.keep_first, c.keep_last, c.score_window) == (128, 128, 16, 16, 128)
+    assert Pipeline(tiny(), tokenizer, method="truncate").method.config.recompute_budget == 256
+    import reform.pipeline as pipeline
+    monkeypatch.setattr(pipeline, "find_preset", lambda name: {"defaults": {"recompute_budget": 100}})
+    for name in ("truncate",):                                              # same budget as REFORM's preset
+        assert Pipeline(tiny(), tokenizer, method=name).method.config.recompute_budget == 100
+    assert Pipeline(tiny(), tokenizer, method="truncate", recompute_budget=50).method.config.recompute_budget == 50
+    assert Pipeline(tiny(), tokenizer, method="h2o").method.config.cache_budget == 128
+
+
+@pytest.mark.parametrize("name,opts,msg", [
+    ("full", dict(cache_budget=10), "does not take cache_budget; it takes no options"),
+    ("h2o", dict(recompute_budget=100), "does not take recompute_budget"),
+    ("tova", dict(heads="1:v:0"), "does not take heads"),
+    ("truncate", dict(chunk_size=10), "does not take chunk_size"),
+    ("h2o", dict(cache_budget=400, chunk_size=200), "must fit the model's window"),
+    ("tova", dict(cache_budget=20), "smaller than the always-kept"),
+    ("streaming", dict(cache_budget=64, keep_first=64), "no recent window"),
+    ("streaming", dict(chunk_size=0), "positive"),
+    ("truncate", dict(recompute_budget=512), "must leave room"),
+    ("truncate", dict(recompute_budget=100, keep_first=101), "between 0 and the budget"),
+    ("nope", {}, "unknown method"),
+])
+def test_bad_options_are_refused(tokenizer, name, opts, msg):
+    with pytest.raises(ValueError, match=msg):
+        Pipeline(tiny(), tokenizer, method=name, **opts)
+
+
+def test_option_error_names_the_accepted_options(tokenizer):
+    with pytest.raises(OptionError) as e:
+        Pipeline(tiny(), tokenizer, method="h2o", recompute_budget=100)
+    assert e.value.unknown == ["recompute_budget"] and "cache_budget" in e.value.accepted
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--method", "h2o", "--recompute-budget", "100"],
+     "method 'h2o' takes no --recompute-budget option; it takes --chunk-size, --cache-budget"),
+    (["--method", "truncate", "--heads", "1:v:0"], "method 'truncate' takes no --heads option"),
+    (["--method", "full", "--chunk-size", "8"], "method 'full' takes no chunk or budget options"),
+    (["--method", "nope"], "unknown method 'nope'"),
+])
+def test_cli_refuses_options_before_loading_the_model(tmp_path, args, msg):
+    from typer.testing import CliRunner
+    from reform.cli.main import app
+    f = tmp_path / "ctx.txt"
+    f.write_text("Some context. " * 20)
+    r = CliRunner().invoke(app, ["ask", str(f), "-q", "What?", "--model", str(tmp_path / "absent.gguf"), *args])
+    assert r.exit_code == 2 and msg in " ".join(r.output.split())
