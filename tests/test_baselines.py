@@ -10,6 +10,7 @@ import torch
 from reform.engine import KVCache, LayerCache, StreamingLLM, TOVA
 from reform.engine.layout import as_tensor
 from reform.methods import OptionError
+from reform.methods.rag import PassageIndex, pick_passages
 from reform.pipeline import Pipeline
 from reform.stats import Timer
 
@@ -18,6 +19,7 @@ from conftest import WINDOW, CharTokenizer, tiny
 CONTEXT = "The quick brown fox jumps over the lazy dog. " * 30          # ~1350 byte-tokens, > the 512 window
 QUESTION = "What does the fox do?"
 CACHED = ["streaming", "h2o", "tova"]
+RECOMPUTED = ["truncate", "rag-bm25", "rag-dense"]
 
 
 class TextTokenizer(CharTokenizer):
@@ -84,7 +86,8 @@ def test_cache_methods_with_covering_budget_equal_full_attention(name, tiny_mode
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name,options", [("truncate", {})])
+@pytest.mark.parametrize("name,options", [("truncate", {}), ("rag-bm25", {}), ("rag-dense", {}),
+                                          ("reform+rag", {"heads": "1:v:0", "chunk_size": 64, "cache_budget": 96})])
 def test_recompute_methods_with_covering_budget_equal_full_attention(name, options, tiny_model):
     pipe = Pipeline(tiny_model, TextTokenizer(), method=name, recompute_budget=400, **options)
     text = CONTEXT[:300]
@@ -123,6 +126,59 @@ def test_tova_keeps_what_the_last_query_attends_to_most_averaged_over_heads():
     assert lc.keys_pre[:, :, 0].tolist() == [expected, expected]           # the same tokens in every head
 
 
+# ------------------------------------------------------------------ RAG
+PASSAGES = ["Bananas are yellow fruit that grow in warm places near the sea and monkeys like to eat them a lot. ",
+            "The secret launch code for the rocket is 4711, kept by the captain in a small locked box at home. ",
+            "Rivers carry water from the mountains down to the ocean, and fish swim upstream every spring. ",
+            "Old castles were built from stone on hills so that guards could watch the valley for enemies. "]
+
+
+def rag_context(size=100):
+    """Every passage padded to exactly ``size`` tokens, so passages and retrieval units coincide."""
+    assert all(len(p) <= size for p in PASSAGES)
+    return "".join(p.ljust(size) for p in PASSAGES * 3)
+
+
+@pytest.mark.parametrize("name", RECOMPUTED[1:])
+def test_rag_keeps_passage_order_and_budget(name):
+    pipe = Pipeline(tiny(), TextTokenizer(), method=name, recompute_budget=1 + 3 * 100, passage_tokens=100)
+    ctx = pipe.encode(rag_context())
+    part = pipe.templater.question("What is the secret launch code for the rocket?")
+    keep = pipe.method.select(ctx, part, Timer()).tolist()
+    assert len(keep) <= 301 and keep == sorted(set(keep)) and keep[0] == 0      # template prefix kept
+    spans = ctx.state.spans
+    chosen = [i for i, (s, e) in enumerate(spans) if s in keep]
+    assert all(set(range(*spans[i])) <= set(keep) for i in chosen)              # whole passages only
+    assert chosen == [1, 5, 9]                                                  # the three code passages
+    ans = ctx.ask("What is the secret launch code for the rocket?", max_new_tokens=4)
+    assert ans.stats["recomputed_tokens"] == len(keep) + len(part.ids)
+
+
+def test_pick_passages_fills_budget_by_score_and_returns_original_order():
+    scores = torch.tensor([0.1, 0.9, 0.5, 0.8, 0.7])
+    assert pick_passages(scores, [10, 10, 10, 10, 4], 24) == [1, 3, 4]         # 0.5 would not fit after 2
+    assert pick_passages(scores, [10] * 5, 5) == []
+    assert pick_passages(scores, [10] * 5, 100) == [0, 1, 2, 3, 4]
+
+
+def test_passage_token_scores_cover_every_context_token():
+    pipe = Pipeline(tiny(), TextTokenizer(), method="rag-bm25")
+    ids = pipe.tokenize_context(rag_context())
+    index = PassageIndex.build(pipe, ids, 100, pipe.method.retriever(pipe))
+    scores = index.token_scores("secret launch code", ids.shape[0])
+    assert scores.shape[0] == ids.shape[0]
+    assert scores[1 + 100:1 + 200].min() > scores[1:1 + 100].max()             # the code passage wins
+
+
+def test_reform_rag_weight_zero_selects_what_reform_selects(tokenizer):
+    opts = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=200)
+    reform = Pipeline(tiny(), TextTokenizer(), **opts)
+    hybrid = Pipeline(tiny(), TextTokenizer(), method="reform+rag", weight=0.0, **opts)
+    part = reform.templater.question(QUESTION)
+    picks = [p.method.select(p.encode(CONTEXT), part, Timer()) for p in (reform, hybrid)]
+    assert torch.equal(*picks)
+
+
 # ------------------------------------------------------------------ full attention
 def test_full_warns_past_the_window_and_still_equals_plain_generation(tiny_model, tokenizer):
     pipe = Pipeline(tiny_model, tokenizer, method="full")
@@ -148,7 +204,7 @@ def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
     assert Pipeline(tiny(), tokenizer, method="truncate").method.config.recompute_budget == 256
     import reform.pipeline as pipeline
     monkeypatch.setattr(pipeline, "find_preset", lambda name: {"defaults": {"recompute_budget": 100}})
-    for name in ("truncate",):                                              # same budget as REFORM's preset
+    for name in ("truncate", "rag-bm25"):                                   # same budget as REFORM's preset
         assert Pipeline(tiny(), tokenizer, method=name).method.config.recompute_budget == 100
     assert Pipeline(tiny(), tokenizer, method="truncate", recompute_budget=50).method.config.recompute_budget == 50
     assert Pipeline(tiny(), tokenizer, method="h2o").method.config.cache_budget == 128
@@ -159,12 +215,15 @@ def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
     ("h2o", dict(recompute_budget=100), "does not take recompute_budget"),
     ("tova", dict(heads="1:v:0"), "does not take heads"),
     ("truncate", dict(chunk_size=10), "does not take chunk_size"),
+    ("rag-dense", dict(cache_budget=10), "does not take cache_budget"),
     ("h2o", dict(cache_budget=400, chunk_size=200), "must fit the model's window"),
     ("tova", dict(cache_budget=20), "smaller than the always-kept"),
     ("streaming", dict(cache_budget=64, keep_first=64), "no recent window"),
     ("streaming", dict(chunk_size=0), "positive"),
     ("truncate", dict(recompute_budget=512), "must leave room"),
     ("truncate", dict(recompute_budget=100, keep_first=101), "between 0 and the budget"),
+    ("rag-bm25", dict(passage_tokens=0), "positive"),
+    ("reform+rag", dict(heads="1:v:0", weight=2.0), "between 0 and 1"),
     ("nope", {}, "unknown method"),
 ])
 def test_bad_options_are_refused(tokenizer, name, opts, msg):

@@ -1,0 +1,124 @@
+"""RAG baselines, OP-RAG style (REFORM §4.4 and appendix C.4; Yu et al., 2024, "In Defense of RAG in the
+Era of Long-Context Language Models"): the context is split into 128-token passages, the question
+retrieves passages until REFORM's recompute budget is filled, and the chosen passages are kept in their
+original order (not by score) and recomputed with the question, like REFORM's gathered tokens.
+``rag-bm25`` retrieves with BM25, ``rag-dense`` with all-MiniLM-L6-v2 embeddings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from ..engine.core import ModelShape
+from ..engine.layout import QuestionPart
+from ..stats import Timer
+from .base import Context, Method, register
+from .options import pick, require_positive, require_room
+from .retrievers import BM25, Dense, Retriever
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
+
+
+@dataclass
+class PassageIndex:
+    """The context's passages (``[start, end)`` spans of context ids after the ``prefix`` template
+    tokens) indexed by a retriever; built at encode time, independent of any question."""
+
+    prefix: int
+    spans: list[tuple[int, int]]
+    retriever: Retriever
+    index: object
+
+    @classmethod
+    def build(cls, pipe: "Pipeline", ids: torch.Tensor, size: int, retriever: Retriever) -> "PassageIndex":
+        prefix = min(len(pipe.templater.prefix), ids.shape[0])
+        spans = [(s, min(s + size, ids.shape[0])) for s in range(prefix, ids.shape[0], size)]
+        texts = [pipe.tokenizer.decode(ids[s:e].tolist(), skip_special_tokens=True) for s, e in spans]
+        return cls(prefix, spans, retriever, retriever.index(texts))
+
+    def scores(self, query: str) -> torch.Tensor:
+        """One score per passage."""
+        return self.retriever.scores(self.index, query)
+
+    def token_scores(self, query: str, n: int) -> torch.Tensor:
+        """Every context token gets its passage's score (template prefix tokens: the passages' mean)."""
+        per_passage = self.scores(query)
+        sizes = torch.tensor([e - s for s, e in self.spans])
+        out = per_passage.repeat_interleave(sizes)
+        return torch.cat([out.mean().expand(self.prefix), out])[:n]
+
+
+def pick_passages(scores: torch.Tensor, sizes: list[int], budget: int) -> list[int]:
+    """Passages by descending score while they fit in ``budget`` tokens; returned in original order."""
+    chosen, used = [], 0
+    for i in torch.argsort(scores, descending=True, stable=True).tolist():
+        if used + sizes[i] <= budget:
+            chosen.append(i)
+            used += sizes[i]
+        if used == budget:
+            break
+    return sorted(chosen)
+
+
+@dataclass
+class RagConfig:
+    """``recompute_budget`` context tokens are retrieved: REFORM's recompute budget (W/2 or the model
+    preset's value), as the paper matches RAG's 8k retrieved tokens to REFORM's; passages of 128 tokens."""
+
+    recompute_budget: int | None = None
+    passage_tokens: int = 128
+
+    def resolve(self, shape: ModelShape) -> "RagConfig":
+        c = replace(self, recompute_budget=pick(self.recompute_budget, shape.window // 2))
+        require_positive(recompute_budget=c.recompute_budget, passage_tokens=c.passage_tokens)
+        require_room(c.recompute_budget, shape)
+        return c
+
+
+class Rag(Method):
+    """Index passages at encode time; at question time recompute the template prefix + the retrieved
+    passages (in order) + the question, and generate."""
+
+    Config = RagConfig
+
+    def retriever(self, pipe: "Pipeline") -> Retriever:
+        raise NotImplementedError
+
+    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+        if ids.shape[0] <= self.config.recompute_budget:     # everything will be recomputed: no retrieval
+            return Context(pipe, self, ids)
+        index = PassageIndex.build(pipe, ids, self.config.passage_tokens, self.retriever(pipe))
+        if progress is not None:
+            progress(ids.shape[0])
+        return Context(pipe, self, ids, state=index)
+
+    def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
+        p, device = ctx.state, ctx.ids.device
+        if p is None:
+            return torch.arange(ctx.ids.shape[0], device=device)
+        budget = self.config.recompute_budget - p.prefix
+        if budget <= 0:
+            raise ValueError(f"the recompute budget ({self.config.recompute_budget}) leaves no room for passages "
+                             f"after the {p.prefix} template tokens")
+        query = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
+        chosen = pick_passages(p.scores(query), [e - s for s, e in p.spans], budget)
+        return torch.cat([torch.arange(p.prefix)] + [torch.arange(*p.spans[i]) for i in chosen]).to(device)
+
+
+@register
+class RagBM25(Rag):
+    name = "rag-bm25"
+
+    def retriever(self, pipe: "Pipeline") -> Retriever:
+        return BM25()
+
+
+@register
+class RagDense(Rag):
+    name = "rag-dense"
+
+    def retriever(self, pipe: "Pipeline") -> Retriever:
+        return Dense(pipe.engine.device)

@@ -1,0 +1,59 @@
+"""REFORM + RAG hybrid (REFORM §4.4, Table 5): REFORM's token-level importance scores combined with a
+dense retriever's passage scores by a weighted sum; gather and recompute as REFORM does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from ..engine.layout import QuestionPart
+from .base import Context, register
+from .options import require_positive
+from .rag import PassageIndex
+from .reform import Reform, ReformConfig
+from .retrievers import Dense
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
+
+
+def standardize(x: torch.Tensor) -> torch.Tensor:
+    return (x - x.mean()) / x.std().clamp_min(1e-6)
+
+
+@dataclass
+class ReformRagConfig(ReformConfig):
+    """REFORM's options plus ``weight`` of the dense scores (0: REFORM alone, 1: dense retrieval alone)
+    and the retriever's passage size. The paper does not give its weight or how the two scales are
+    matched; here both score vectors are standardised (zero mean, unit variance over the context) before
+    ``(1 - weight) * reform + weight * dense``."""
+
+    weight: float = 0.5
+    passage_tokens: int = 128
+
+    def check(self, shape) -> None:
+        super().check(shape)
+        require_positive(passage_tokens=self.passage_tokens)
+        if not 0.0 <= self.weight <= 1.0:
+            raise ValueError(f"weight must be between 0 and 1, got {self.weight}")
+
+
+@register
+class ReformRag(Reform):
+    name = "reform+rag"
+    Config = ReformRagConfig
+
+    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+        ctx = super().encode(pipe, ids, progress)
+        if ctx.state is not None:
+            ctx.extra["passages"] = PassageIndex.build(pipe, ids, self.config.passage_tokens, Dense(pipe.engine.device))
+        return ctx
+
+    def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
+        reform = super().scores(ctx, part)
+        query = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
+        dense = ctx.extra["passages"].token_scores(query, reform.shape[0]).to(reform.device)
+        w = self.config.weight
+        return (1 - w) * standardize(reform) + w * standardize(dense)
