@@ -40,11 +40,11 @@ class CharTokenizer:
     chat_template = None
 
     def __call__(self, text, add_special_tokens=True):
-        ids = [3 + (b % 125) for b in text.encode()]
+        ids = [3 + b - 32 if 32 <= b < 127 else 98 if b == 10 else 99 + b % 29 for b in text.encode()]
         return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + ids}
 
     def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i - 3 + 32) if 3 <= i < 98 else "?" for i in ids)
+        return "".join(chr(i - 3 + 32) if 3 <= i < 98 else "\n" if i == 98 else "?" for i in ids)
 
 
 @pytest.fixture(params=["llama", "qwen2"])

@@ -56,9 +56,14 @@ class HeadEmbeddings:
         for h in heads:
             h.check(shape)
         self.heads, self.d = heads, shape.head_dim
-        self.by_layer: dict[int, list[tuple[int, HeadSpec]]] = {}
-        for j, h in enumerate(heads):
-            self.by_layer.setdefault(h.layer, []).append((j, h))
+        # (layer, kind) -> (slots in the concatenation, head indices), so each group is one batched write
+        self.groups: dict[int, list[tuple[str, torch.Tensor, torch.Tensor]]] = {}
+        for layer in sorted({h.layer for h in heads}):
+            for kind in "qkv":
+                slots = [j for j, h in enumerate(heads) if h.layer == layer and h.kind == kind]
+                if slots:
+                    self.groups.setdefault(layer, []).append(
+                        (kind, torch.tensor(slots), torch.tensor([heads[j].head for j in slots])))
         self.data = torch.empty(n_tokens, len(heads) * self.d, dtype=dtype, device=device)
         self._span = slice(0, 0)
 
@@ -71,6 +76,7 @@ class HeadEmbeddings:
         self._span = slice(offset, offset + length)
 
     def on_qkv(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        for j, h in self.by_layer.get(layer, ()):
-            state = {"q": q, "k": k, "v": v}[h.kind][h.head]                    # [T, D]
-            self.data[self._span, j * self.d:(j + 1) * self.d] = F.normalize(state.float(), dim=-1)
+        rows = self.data[self._span].view(-1, len(self.heads), self.d)            # [T, heads, D] view
+        for kind, slots, idx in self.groups.get(layer, ()):
+            state = {"q": q, "k": k, "v": v}[kind][idx.to(q.device)]              # [n, T, D]
+            rows[:, slots.to(rows.device)] = F.normalize(state.float(), dim=-1).transpose(0, 1).to(rows.dtype)

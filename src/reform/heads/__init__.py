@@ -51,7 +51,21 @@ def fallback_heads(shape: ModelShape) -> list[HeadSpec]:
 
 
 def resolve_heads(spec: str | list | None, model_name: str, shape: ModelShape) -> list[HeadSpec]:
-    """``spec``: None (preset for the model), a preset JSON path, or heads "7:v:3,14:k:0"."""
+    """``spec``: None (preset for the model), a preset JSON path, heads "7:v:3,14:k:0", or the ablations
+    of REFORM Table 6a: "random[:SEED]" (4 random heads below 70 % depth) and "worst" (the 4 worst by MNR
+    in the model's preset)."""
+    if isinstance(spec, str) and (spec == "random" or spec.startswith("random:")):
+        from .select import random_heads
+        seed = spec.partition(":")[2]
+        if seed and not seed.isdigit():
+            raise ValueError(f"bad heads '{spec}': use random or random:SEED")
+        return random_heads(shape, int(seed or 0))
+    if spec == "worst":
+        from .select import MNRTable
+        preset = find_preset(model_name)
+        if preset is None or "table" not in preset:
+            raise ValueError(f"--heads worst needs a preset with an MNR table for '{model_name}'")
+        return MNRTable.from_json(preset["model"], preset["table"]).worst()
     if spec is None or spec == "":
         preset = find_preset(model_name)
         if preset is None:
