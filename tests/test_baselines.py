@@ -18,7 +18,9 @@ from conftest import WINDOW, CharTokenizer, tiny
 
 CONTEXT = "The quick brown fox jumps over the lazy dog. " * 30          # ~1350 byte-tokens, > the 512 window
 QUESTION = "What does the fox do?"
-CACHED = ["streaming", "h2o", "tova"]
+CACHED = ["streaming", "h2o", "tova", "infinipot"]
+CATALYST = "\nSummarize the text."
+EXTRA = {"infinipot": {"catalyst": CATALYST}}          # a catalyst prompt short enough for the tiny window
 RECOMPUTED = ["truncate", "rag-bm25", "rag-dense"]
 
 
@@ -43,7 +45,7 @@ def plain_prompt(pipe, text, question=QUESTION):
 # ------------------------------------------------------------------ recurrent methods: budget and positions
 @pytest.mark.parametrize("name", CACHED)
 def test_cache_within_budget_at_every_chunk_and_positions_within_window(name, tiny_model, tokenizer):
-    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=96, cache_budget=160)
+    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=96, cache_budget=160, **EXTRA.get(name, {}))
     lengths, ends = [], []
     make_policy, forward = pipe.method.policy, pipe.engine.forward
 
@@ -62,7 +64,8 @@ def test_cache_within_budget_at_every_chunk_and_positions_within_window(name, ti
     assert len(lengths) == math.ceil(n / 96)                               # compressed after every chunk
     assert all(len(s) == 1 and s.pop() <= 160 for s in lengths)            # every layer within budget
     assert len(ctx.cache.layers) == pipe.engine.shape.n_layers and ctx.cache.length == 160
-    assert max(ends) <= 160 + 96 <= WINDOW                                 # positions inside the window
+    catalyst = len(CATALYST) if name == "infinipot" else 0                 # InfiniPot's scoring pass
+    assert max(ends) <= 160 + 96 + catalyst <= WINDOW                      # positions inside the window
     ends.clear()
     ans = ctx.ask(QUESTION, max_new_tokens=6)
     assert ans.stats["recomputed_tokens"] == len(pipe.templater.question(QUESTION).ids)   # question only
@@ -73,7 +76,7 @@ def test_cache_within_budget_at_every_chunk_and_positions_within_window(name, ti
 @pytest.mark.parametrize("name", CACHED)
 def test_cache_methods_with_covering_budget_equal_full_attention(name, tiny_model, tokenizer):
     """Chunked encode on a cache large enough to never evict: the same tokens and logits as plain HF."""
-    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=64, cache_budget=400)
+    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=64, cache_budget=400, **EXTRA.get(name, {}))
     text = CONTEXT[:300]
     ctx = pipe.encode(text)
     assert ctx.cache.length == ctx.ids.shape[0]
@@ -124,6 +127,46 @@ def test_tova_keeps_what_the_last_query_attends_to_most_averaged_over_heads():
     middle = total[2:27].topk(5).indices + 2
     expected = sorted([0, 1, 27, 28, 29] + middle.tolist())
     assert lc.keys_pre[:, :, 0].tolist() == [expected, expected]           # the same tokens in every head
+
+
+def test_token_nll_matches_hf_loss_across_chunks(tiny_model):
+    from reform.engine import Engine
+    from reform.engine.policies import token_nll
+    eng, ids = Engine(tiny_model), torch.randint(3, 128, (70,))
+    cache = KVCache.empty(eng.shape.n_layers)
+    h1 = eng.forward(ids[:40], cache)
+    h2 = eng.forward(ids[40:], cache)
+    got = torch.cat([token_nll(eng, ids[:40], h1, None, block=16), token_nll(eng, ids[40:], h2, h1[-1:], block=16)])
+    with torch.no_grad():
+        logits = tiny_model(ids[None]).logits[0]
+    ref = torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="none")
+    assert got[0] == 0
+    torch.testing.assert_close(got[1:], ref, atol=1e-4, rtol=1e-4)
+
+
+def infinipot_kept(model, nll, nuc_share):
+    """Token indices (per KV head, layer 1) that InfiniPot keeps of a 60-token cache with the given NuC."""
+    from reform.engine import Engine
+    from reform.engine.policies import InfiniPot
+    eng, ids = Engine(model), torch.randint(3, 128, (60,), generator=torch.Generator().manual_seed(3))
+    cache = KVCache.empty(eng.shape.n_layers)
+    eng.forward(ids, cache)
+    before = cache.layers[1].keys_pre.clone()
+    policy = InfiniPot(20, 4, 4, engine=eng, catalyst=torch.tensor([5, 6, 7, 8]), nuc_share=nuc_share)
+    policy._nll = nll
+    policy.compress(cache, eng.rotary)
+    after = cache.layers[1].keys_pre
+    return [[int((before[h] - row).abs().sum(-1).argmin()) for row in after[h]] for h in range(after.shape[0])]
+
+
+def test_infinipot_splits_the_budget_between_catalyst_attention_and_novelty(tiny_model):
+    nll = torch.rand(60, generator=torch.Generator().manual_seed(0))
+    forced = [0, 1, 2, 3, 56, 57, 58, 59]
+    novel = sorted(forced + (nll[4:56].topk(12).indices + 4).tolist())
+    assert infinipot_kept(tiny_model, nll, 1.0) == [novel, novel]            # all free budget to NuC
+    by_cap = infinipot_kept(tiny_model, nll, 0.0)                           # all to the catalyst's attention
+    assert by_cap == infinipot_kept(tiny_model, torch.rand(60), 0.0) and by_cap[0] != novel
+    assert all(set(forced) <= set(k) and len(k) == 20 for k in by_cap)
 
 
 # ------------------------------------------------------------------ RAG
@@ -224,6 +267,7 @@ def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
     ("truncate", dict(recompute_budget=100, keep_first=101), "between 0 and the budget"),
     ("rag-bm25", dict(passage_tokens=0), "positive"),
     ("reform+rag", dict(heads="1:v:0", weight=2.0), "between 0 and 1"),
+    ("infinipot", dict(nuc_share=1.5), "between 0 and 1"),
     ("nope", {}, "unknown method"),
 ])
 def test_bad_options_are_refused(tokenizer, name, opts, msg):

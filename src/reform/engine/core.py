@@ -33,7 +33,11 @@ class Hook(Protocol):
 
 
 class EvictionPolicy(Protocol):
-    """Scores cached tokens while a chunk runs and shrinks each layer's cache after it."""
+    """Scores cached tokens while a chunk runs and shrinks each layer's cache after it.
+
+    A policy may also define ``observe_output(ids, hidden)``: ``Engine.prefill`` then hands it each
+    chunk's ids and last-layer hidden states before ``compress`` (InfiniPot's novelty scores need them).
+    """
 
     score_window: int  # how many of the chunk's last queries the policy looks at (0: none)
 
@@ -170,6 +174,8 @@ class Engine:
                 hook.begin(offset + s, piece.shape[0])
             hidden = self.forward(piece, cache, hook=hook, policy=policy)
             if policy is not None:
+                if (observe_output := getattr(policy, "observe_output", None)) is not None:
+                    observe_output(piece, hidden)
                 policy.compress(cache, self.rotary)
             if progress is not None:
                 progress(piece.shape[0])

@@ -1,6 +1,7 @@
 from .base import REGISTRY, Answer, CachedMethod, Context, Method
 from .full import Full
 from .h2o import H2OConfig, H2OMethod
+from .infinipot import InfiniPotConfig, InfiniPotMethod
 from .options import OptionError
 from .rag import RagBM25, RagConfig, RagDense
 from .reform import Reform, ReformConfig
@@ -12,4 +13,4 @@ from .truncate import Truncate, TruncateConfig
 __all__ = ["REGISTRY", "Answer", "CachedMethod", "Context", "Method", "OptionError", "Full", "Reform",
            "ReformConfig", "ReformRag", "ReformRagConfig", "Truncate", "TruncateConfig", "Streaming",
            "StreamingConfig", "H2OMethod", "H2OConfig", "TOVAMethod", "TOVAConfig", "RagBM25", "RagDense",
-           "RagConfig"]
+           "RagConfig", "InfiniPotMethod", "InfiniPotConfig"]
