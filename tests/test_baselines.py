@@ -18,9 +18,10 @@ from conftest import WINDOW, CharTokenizer, tiny
 
 CONTEXT = "The quick brown fox jumps over the lazy dog. " * 30          # ~1350 byte-tokens, > the 512 window
 QUESTION = "What does the fox do?"
-CACHED = ["streaming", "h2o", "tova", "infinipot"]
+CACHED = ["streaming", "h2o", "tova", "infinipot", "infllm"]
 CATALYST = "\nSummarize the text."
-EXTRA = {"infinipot": {"catalyst": CATALYST}}          # a catalyst prompt short enough for the tiny window
+EXTRA = {"infinipot": {"catalyst": CATALYST},          # a catalyst prompt short enough for the tiny window
+         "infllm": {"block_size": 16}}                 # blocks small enough for the tiny window
 RECOMPUTED = ["truncate", "rag-bm25", "rag-dense"]
 
 
@@ -63,20 +64,23 @@ def test_cache_within_budget_at_every_chunk_and_positions_within_window(name, ti
     assert n > 2 * WINDOW
     assert len(lengths) == math.ceil(n / 96)                               # compressed after every chunk
     assert all(len(s) == 1 and s.pop() <= 160 for s in lengths)            # every layer within budget
-    assert len(ctx.cache.layers) == pipe.engine.shape.n_layers and ctx.cache.length == 160
+    kept = 16 + 20 if name == "infllm" else 160                           # InfLLM: sinks + local window
+    assert len(ctx.cache.layers) == pipe.engine.shape.n_layers and ctx.cache.length == kept
     catalyst = len(CATALYST) if name == "infinipot" else 0                 # InfiniPot's scoring pass
     assert max(ends) <= 160 + 96 + catalyst <= WINDOW                      # positions inside the window
     ends.clear()
     ans = ctx.ask(QUESTION, max_new_tokens=6)
-    assert ans.stats["recomputed_tokens"] == len(pipe.templater.question(QUESTION).ids)   # question only
-    assert max(ends) <= 160 + ans.stats["recomputed_tokens"] + 6 <= WINDOW
-    assert ctx.cache.length == 160                                         # asking leaves the cache as it was
+    question = len(pipe.templater.question(QUESTION).ids)
+    assert ans.stats["recomputed_tokens"] == (1 if name == "infllm" else question)   # InfLLM: rest in gather
+    assert max(ends) <= 160 + question + 6 <= WINDOW
+    assert ctx.cache.length == kept                                        # asking leaves the cache as it was
 
 
 @pytest.mark.parametrize("name", CACHED)
 def test_cache_methods_with_covering_budget_equal_full_attention(name, tiny_model, tokenizer):
     """Chunked encode on a cache large enough to never evict: the same tokens and logits as plain HF."""
-    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=64, cache_budget=400, **EXTRA.get(name, {}))
+    extra = {**EXTRA.get(name, {}), **({"local_size": 300} if name == "infllm" else {})}   # nothing leaves it
+    pipe = Pipeline(tiny_model, tokenizer, method=name, chunk_size=64, cache_budget=400, **extra)
     text = CONTEXT[:300]
     ctx = pipe.encode(text)
     assert ctx.cache.length == ctx.ids.shape[0]
@@ -167,6 +171,45 @@ def test_infinipot_splits_the_budget_between_catalyst_attention_and_novelty(tiny
     by_cap = infinipot_kept(tiny_model, nll, 0.0)                           # all to the catalyst's attention
     assert by_cap == infinipot_kept(tiny_model, torch.rand(60), 0.0) and by_cap[0] != novel
     assert all(set(forced) <= set(k) and len(k) == 20 for k in by_cap)
+
+
+def test_infllm_keeps_evicted_tokens_in_memory_and_retrieves_within_the_active_budget(tiny_model, tokenizer):
+    pipe = Pipeline(tiny_model, tokenizer, method="infllm", chunk_size=96, cache_budget=160, block_size=16)
+    c = pipe.method.config
+    assert (c.keep_first, c.local_size, c.blocks) == (16, 20, 7)
+    active, make_policy = [], pipe.method.policy
+
+    def spy_policy(p):
+        policy = make_policy(p)
+        arrange = policy.arrange
+        policy.arrange = lambda layer, q, lc, rot: (arrange(layer, q, lc, rot), active.append(lc.length + q.shape[1]))
+        return policy
+
+    pipe.method.policy = spy_policy
+    ctx = pipe.encode(CONTEXT)
+    n = ctx.ids.shape[0]
+    assert max(active) == 16 + 7 * 16 + 20 + 96 <= WINDOW                 # sinks + blocks + local + chunk
+    assert ctx.cache.length == 36 and all(m.length == n - 36 for m in ctx.state)
+    layer0 = tiny_model.model.layers[0]                                    # layer-0 keys depend on the id only
+    with torch.no_grad():
+        k = layer0.self_attn.k_proj(layer0.input_layernorm(tiny_model.model.embed_tokens(ctx.ids[16:n - 20])))
+    torch.testing.assert_close(ctx.state[0].keys, k.view(-1, 2, 16).transpose(0, 1), atol=1e-5, rtol=1e-5)
+    assert ctx.ask(QUESTION, max_new_tokens=4).stats["gather"] >= 0      # the question retrieves, then answers
+
+
+def test_block_memory_retrieves_the_block_whose_representatives_match():
+    from reform.engine.policies import BlockMemory
+    mem = BlockMemory(block_size=4, repr_tokens=1)
+    keys = torch.zeros(1, 14, 2)
+    keys[0, 9] = torch.tensor([0.0, 5.0])                                  # in block 2 (tokens 8..11)
+    keys[0, 13] = torch.tensor([5.0, 0.0])                                 # in the partial block 3
+    scores = torch.zeros(1, 14)
+    scores[0, [9, 13]] = 1.0
+    mem.add(keys[:, :10], keys[:, :10], scores[:, :10])
+    assert mem.retrieve(torch.tensor([[0.0, 1.0]]), 1).tolist() == [8, 9]          # partial block 2 so far
+    mem.add(keys[:, 10:], keys[:, 10:], scores[:, 10:])
+    assert mem.retrieve(torch.tensor([[0.0, 1.0]]), 1).tolist() == [8, 9, 10, 11]
+    assert mem.retrieve(torch.tensor([[1.0, 0.0]]), 2).tolist() == [8, 9, 10, 11, 12, 13]
 
 
 # ------------------------------------------------------------------ RAG
@@ -268,6 +311,7 @@ def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
     ("rag-bm25", dict(passage_tokens=0), "positive"),
     ("reform+rag", dict(heads="1:v:0", weight=2.0), "between 0 and 1"),
     ("infinipot", dict(nuc_share=1.5), "between 0 and 1"),
+    ("infllm", dict(cache_budget=64, local_size=40), "leaves no room for a 128-token memory block"),
     ("nope", {}, "unknown method"),
 ])
 def test_bad_options_are_refused(tokenizer, name, opts, msg):

@@ -59,7 +59,7 @@ def encode_progress(total: int, quiet: bool):
 ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local directory or .gguf file "
                         "(default: the packaged SmolLM2-135M-Instruct)")
 MethodOpt = typer.Option("reform", "--method", help="long-context method: reform, full, truncate, streaming, h2o, "
-                         "tova, infinipot, rag-bm25, rag-dense, reform+rag (see the README's Methods table)")
+                         "tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (see the README's Methods table)")
 HeadsOpt = typer.Option(None, "--heads", help="embedding heads 'LAYER:KIND:HEAD,...' or a preset JSON "
                         "(default: the model's preset)")
 ChunkOpt = typer.Option(None, "--chunk-size", help="tokens per encoded chunk (default: window/4; reform and "

@@ -36,7 +36,10 @@ class EvictionPolicy(Protocol):
     """Scores cached tokens while a chunk runs and shrinks each layer's cache after it.
 
     A policy may also define ``observe_output(ids, hidden)``: ``Engine.prefill`` then hands it each
-    chunk's ids and last-layer hidden states before ``compress`` (InfiniPot's novelty scores need them).
+    chunk's ids and last-layer hidden states before ``compress`` (InfiniPot's novelty scores need them);
+    and ``arrange(layer, q, cache, rotary)``: called in every layer with the block's pre-RoPE queries
+    before it attends, it may replace the layer's cached entries (re-packed at 0..n-1), e.g. InfLLM
+    loading the memory blocks those queries retrieve.
     """
 
     score_window: int  # how many of the chunk's last queries the policy looks at (0: none)
@@ -122,13 +125,16 @@ class Engine:
         The block sits at positions ``cache.length ..``; returns the last layer's hidden states [T, hidden].
         """
         start, t = cache.length, ids.shape[0]
-        if start + t > self.max_positions:
-            raise ValueError(f"positions up to {start + t - 1} would exceed the model's window "
-                             f"({self.max_positions}); lower the chunk size or the cache budget")
+        self._check_positions(start, t)
         x = self.embed(ids.to(self.device))
         for i, lc in enumerate(cache.layers):
             x = self._layer(i, x, lc, start, hook, policy)
         return x
+
+    def _check_positions(self, start: int, t: int) -> None:
+        if start + t > self.max_positions:
+            raise ValueError(f"positions up to {start + t - 1} would exceed the model's window "
+                             f"({self.max_positions}); lower the chunk size or the cache budget")
 
     def _layer(self, i: int, x: torch.Tensor, lc: LayerCache, start: int, hook, policy) -> torch.Tensor:
         layer, s = self.layers[i], self.shape
@@ -142,6 +148,10 @@ class Engine:
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)      # [heads, T, D]
         if hook is not None:
             hook.on_qkv(i, q, k, v)
+        if (arrange := getattr(policy, "arrange", None)) is not None:
+            arrange(i, q, lc, self.rotary)          # the policy may swap in what these queries retrieve
+            start = lc.length
+            self._check_positions(start, t)
         q_rot = self.rotary.rotate(q, start)
         lc.append(k, self.rotary.rotate(k, start), v)
         out = causal_attention(q_rot, lc.keys, lc.values, start, self.scaling)

@@ -2,6 +2,7 @@ from .base import REGISTRY, Answer, CachedMethod, Context, Method
 from .full import Full
 from .h2o import H2OConfig, H2OMethod
 from .infinipot import InfiniPotConfig, InfiniPotMethod
+from .infllm import InfLLMConfig, InfLLMMethod
 from .options import OptionError
 from .rag import RagBM25, RagConfig, RagDense
 from .reform import Reform, ReformConfig
@@ -13,4 +14,5 @@ from .truncate import Truncate, TruncateConfig
 __all__ = ["REGISTRY", "Answer", "CachedMethod", "Context", "Method", "OptionError", "Full", "Reform",
            "ReformConfig", "ReformRag", "ReformRagConfig", "Truncate", "TruncateConfig", "Streaming",
            "StreamingConfig", "H2OMethod", "H2OConfig", "TOVAMethod", "TOVAConfig", "RagBM25", "RagDense",
-           "RagConfig", "InfiniPotMethod", "InfiniPotConfig"]
+           "RagConfig", "InfiniPotMethod", "InfiniPotConfig",
+           "InfLLMMethod", "InfLLMConfig"]

@@ -140,13 +140,16 @@ class CachedMethod(Method):
         """A fresh eviction policy for one encode (by default the config builds it)."""
         return self.config.policy()
 
+    def state(self, policy: EvictionPolicy) -> object:
+        """What the context keeps of the policy besides the cache (InfLLM: its block memory)."""
+        return None
+
     def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
-        cache = KVCache.empty(pipe.engine.shape.n_layers)
-        pipe.engine.prefill(ids, cache, chunk_size=self.config.chunk_size, policy=self.policy(pipe),
-                            progress=progress)
+        cache, policy = KVCache.empty(pipe.engine.shape.n_layers), self.policy(pipe)
+        pipe.engine.prefill(ids, cache, chunk_size=self.config.chunk_size, policy=policy, progress=progress)
         for lc in cache.layers:
             lc.scores = None    # eviction state: not needed once the context is encoded
-        return Context(pipe, self, ids, cache=cache)
+        return Context(pipe, self, ids, cache=cache, state=self.state(policy))
 
     def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, KVCache | None]:
         return as_tensor(part.ids, ctx.ids.device), ctx.cache.clone()
