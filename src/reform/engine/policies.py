@@ -203,7 +203,8 @@ class InfiniPot(TopBudget):
 class BlockMemory:
     """InfLLM's context memory for one layer: pre-RoPE keys, values and accumulated attention scores of
     every token that left the local window, read as blocks of ``block_size`` tokens, each represented by
-    the ``repr_tokens`` keys (per KV head) that received the most attention while they were in the cache."""
+    the ``repr_tokens`` keys (per KV head) that received the most attention while they were in the cache.
+    (``InfLLM`` adds whole blocks only, so every layer retrieves the same number of tokens.)"""
 
     def __init__(self, block_size: int, repr_tokens: int):
         self.block_size, self.repr_tokens = block_size, repr_tokens
@@ -250,8 +251,8 @@ class InfLLM:
     """InfLLM's block memory (Xiao et al., 2024, "InfLLM: Unveiling the Intrinsic Capacity of LLMs for
     Understanding Extremely Long Sequences with Training-Free Memory"; REFORM §4, the random-access
     baseline). Each layer's cache holds the
-    first ``sinks`` tokens and the ``local`` most recent ones; tokens leaving the local window go to a
-    ``BlockMemory``. Before a block of queries attends (``arrange``, every layer), the ``blocks`` memory
+    first ``sinks`` tokens and the ``local`` most recent ones (up to ``block_size - 1`` more: tokens leave
+    the local window a whole block at a time); what leaves goes to a ``BlockMemory``. Before a block of queries attends (``arrange``, every layer), the ``blocks`` memory
     blocks most relevant to the block's mean pre-RoPE query are spliced in between sinks and local window,
     in their original order, and the layer's entries are re-packed at positions 0..n-1 like every cache of
     this engine (InfLLM instead gives all memory tokens one shared distance). Representative tokens are the
@@ -307,12 +308,12 @@ class InfLLM:
             start, device = n_sink + n_ret, lc.keys.device
             grow = min(self.sinks - n_sink, lc.length - start)                 # early tokens become sinks
             rest = torch.arange(start + grow, lc.length, device=device)
-            n_local = min(self.local, rest.shape[0])
-            gone = rest[:rest.shape[0] - n_local]
+            n_gone = max(0, rest.shape[0] - self.local) // self.block_size * self.block_size   # whole blocks
+            gone = rest[:n_gone]
             if gone.numel():
                 scores = lc.scores[:, gone] if lc.scores is not None else torch.zeros(lc.keys.shape[0], gone.numel(),
                                                                                       device=device)
                 self._memory(i).add(lc.keys_pre[:, gone], lc.values[:, gone], scores)
             keep = torch.cat([torch.arange(n_sink, device=device), torch.arange(start, start + grow, device=device),
-                              rest[rest.shape[0] - n_local:]])
+                              rest[n_gone:]])
             lc.keep(keep.expand(lc.keys.shape[0], -1), rotary)

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 class InfLLMConfig(CacheConfig):
     """``cache_budget`` is the active cache (REFORM gives InfLLM 32k = W/4): ``keep_first`` sinks (the paper's
     128; 256 here as every baseline keeps, W/32 for small windows) + ``local_size`` recent tokens (the
-    paper's 4096 of 32k, i.e. budget/8) + as many retrieved ``block_size`` (128) blocks as fit the rest;
-    ``repr_tokens`` (4) representative keys per block; chunk = W/4."""
+    paper's 4096 of 32k, i.e. budget/8; up to a block more while a block fills) + as many retrieved
+    ``block_size`` (128) blocks as fit the rest; ``repr_tokens`` (4) representative keys per block;
+    chunk = W/4."""
 
     local_size: int | None = None
     block_size: int = 128
@@ -39,16 +40,17 @@ class InfLLMConfig(CacheConfig):
 
     @property
     def blocks(self) -> int:
-        """Memory blocks retrieved per chunk: what the active budget leaves after sinks and local window."""
-        return (self.cache_budget - self.keep_first - self.local_size) // self.block_size
+        """Memory blocks retrieved per chunk: what the active budget leaves after sinks and the local window
+        (which may hold a block more while that block fills)."""
+        return (self.cache_budget - self.keep_first - self.local_size) // self.block_size - 1
 
     def check(self, shape) -> None:
         require_positive(local_size=self.local_size, block_size=self.block_size, repr_tokens=self.repr_tokens,
                          score_window=self.score_window)
         if self.blocks < 1:
             raise ValueError(f"cache budget ({self.cache_budget}) leaves no room for a {self.block_size}-token "
-                             f"memory block after {self.keep_first} sinks and a {self.local_size}-token local "
-                             "window")
+                             f"memory block after {self.keep_first} sinks and a {self.local_size}"
+                             f"(+{self.block_size - 1})-token local window")
         super().check(shape)
 
     def policy(self, memory=None, score_window: int | None = None) -> InfLLM:
