@@ -68,7 +68,7 @@ def _show(data: dict, top: int = 8):
 
 @app.command()
 def select(out: Path = typer.Option(Path("heads.json"), "--out", "-o", help="preset JSON to write"),
-           samples: int = typer.Option(12, "--samples", min=1, help="samples per task"),
+           samples: int = typer.Option(10, "--samples", min=1, help="samples per task"),
            length: Optional[int] = typer.Option(None, "--length", help="tokens per sample (default: window-512)"),
            seed: int = typer.Option(0, "--seed"),
            plots: Optional[Path] = typer.Option(None, "--plots", help="folder for heat maps (default: next to --out)"),

@@ -174,7 +174,7 @@ def make_samples(pipe, per_task: int, length: int | None, seed: int) -> list[Sam
     return [make_sample(task, pipe.templater, length, rng) for _ in range(per_task) for task in TASKS]
 
 
-def measure(pipe, *, samples: int = 12, length: int | None = None, seed: int = 0, budget: int = 256,
+def measure(pipe, *, samples: int = 10, length: int | None = None, seed: int = 0, budget: int = 256,
             progress=None) -> MNRTable:
     """MNR of every head of every layer on ``samples`` samples per task."""
     shape = pipe.engine.shape
