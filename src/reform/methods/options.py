@@ -4,6 +4,7 @@ recompute / retrieval budget 8k-16k ~ W/2, always-kept first/last 256 tokens).""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
 
 from ..engine.core import ModelShape
@@ -82,7 +83,7 @@ def require_keep(name: str, budget: int, keep_first: int, keep_last: int) -> Non
 
 
 @dataclass
-class CacheConfig:
+class CacheConfig(ABC):
     """Options of a recurrent method that answers from its compressed cache. The paper runs its
     recurrent baselines with chunk = cache budget = 32k (W/4) and the first/last 256 tokens always kept."""
 
@@ -103,8 +104,9 @@ class CacheConfig:
         require_chunk_fits(self.cache_budget, self.chunk_size, shape)
         self.policy()   # the policy validates its own budgets
 
+    @abstractmethod
     def policy(self):
-        raise NotImplementedError
+        """The eviction policy this method compresses with (each concrete config defines it)."""
 
 
 @dataclass

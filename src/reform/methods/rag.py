@@ -6,6 +6,8 @@ original order (not by score) and recomputed with the question, like REFORM's ga
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -78,14 +80,15 @@ class RagConfig:
         return c
 
 
-class Rag(Method):
+class Rag(Method, ABC):
     """Index passages at encode time; at question time recompute the template prefix + the retrieved
     passages (in order) + the question, and generate."""
 
     Config = RagConfig
 
+    @abstractmethod
     def retriever(self, pipe: "Pipeline") -> Retriever:
-        raise NotImplementedError
+        """The passage scorer (BM25 or dense); each concrete RAG method defines it."""
 
     def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         if ids.shape[0] <= self.config.recompute_budget:     # everything will be recomputed: no retrieval
