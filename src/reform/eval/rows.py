@@ -1,0 +1,62 @@
+"""The one row format every evaluation task is written in (and ``reform eval jsonl`` reads).
+
+A row is one question about one context. Rows whose ``context`` is identical are answered from one
+encoded context (REFORM's encode-once path), so suites that ask several questions about the same
+haystack (RULER multi-query, BABILong) pay for one encode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class Row:
+    context: str                 # the long input (haystack with the facts in it)
+    question: str                # what is asked after the context
+    answers: list[str]           # gold strings; the scorer decides how they are matched
+    task: str                    # e.g. "niah", "ruler/multikey_2", "babilong/qa1"
+    length: int                  # requested context length in the model's tokens
+    answer_prefix: str = ""      # text the answer starts with (put after the question)
+    depth: float | None = None   # where the gold fact sits, 0..1 of the context, when it applies
+    max_new_tokens: int = 32
+    sample: int = 0              # sample index within (task, length[, depth])
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        """Stable id: task, length, depth, sample and a hash of the question + context."""
+        h = hashlib.sha1((self.question + "\x00" + self.context).encode()).hexdigest()[:10]
+        depth = "" if self.depth is None else f"-d{round(self.depth * 100)}"
+        return f"{self.task}-{self.length}{depth}-s{self.sample}-{h}"
+
+    @property
+    def context_key(self) -> str:
+        return hashlib.sha1(self.context.encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Row":
+        names = {f.name for f in fields(cls)}
+        missing = [n for n in ("context", "question", "answers", "task") if n not in data]
+        if missing:
+            raise ValueError(f"row is missing {', '.join(missing)}")
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"row has unknown field(s) {', '.join(unknown)}")
+        row = cls(**{**{"length": 0}, **data})
+        if isinstance(row.answers, str):
+            row.answers = [row.answers]
+        if not isinstance(row.answers, list) or not all(isinstance(a, str) for a in row.answers):
+            raise ValueError("row 'answers' must be a list of strings")
+        return row
+
+
+def write_rows(path, rows: list[Row]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
