@@ -47,7 +47,7 @@ def test_long_context_recomputes_gathered_tokens_at_fresh_positions(tiny_model, 
     pipe = make(tiny_model, tokenizer)
     ctx = pipe.encode(CONTEXT)
     n = ctx.ids.shape[0]
-    assert n > 400 and ctx.cache.length == 96 and len(ctx.cache.layers) == 3      # early exit: layers 0..2
+    assert n > 400 and ctx.cache.length == 96 and len(ctx.cache.layers) == 2      # layers 0, 1 (+ Q/K/V of 2)
     assert ctx.state.data.shape == (n, 3 * 16)
     part = pipe.templater.question(QUESTION)
     from reform.stats import Timer
@@ -121,3 +121,26 @@ def test_model_without_rotary_positions_is_refused(tokenizer):
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=256))
     with pytest.raises(UnsupportedModelError, match="not a decoder-only model|no rotary"):
         Pipeline(gpt2, tokenizer)
+
+
+def test_early_exit_runs_only_the_projections_of_the_deepest_head_layer(tiny_model, tokenizer):
+    """Layers 0-1 run in full; layer 2 (deepest head) only projects Q/K/V; layer 3 never runs. The stored
+    embeddings equal those of a run that computes layer 2 in full."""
+    pipe = make(tiny_model, tokenizer)
+    calls = {"mlp2": 0, "attn3": 0}
+    layers = tiny_model.model.layers
+    h1 = layers[2].mlp.register_forward_hook(lambda *a: calls.__setitem__("mlp2", calls["mlp2"] + 1))
+    h2 = layers[3].self_attn.q_proj.register_forward_hook(lambda *a: calls.__setitem__("attn3", calls["attn3"] + 1))
+    try:
+        ctx = pipe.encode(CONTEXT)
+    finally:
+        h1.remove(), h2.remove()
+    assert calls == {"mlp2": 0, "attn3": 0}
+    from reform.engine.cache import KVCache
+    from reform.engine.extractors import HeadEmbeddings
+    from reform.engine.policies import H2O
+    c = pipe.method.config
+    emb = HeadEmbeddings(list(c.heads), pipe.engine.shape, ctx.ids.shape[0], "cpu", c.embed_dtype)
+    pipe.engine.prefill(ctx.ids, KVCache.empty(emb.exit_layer + 1), chunk_size=c.chunk_size, hook=emb,
+                        policy=H2O(c.cache_budget, c.keep_first, c.keep_last, c.score_window))
+    torch.testing.assert_close(emb.data, ctx.state.data)

@@ -18,6 +18,7 @@ import torch
 
 from .attention import attention_received, causal_attention
 from .cache import KVCache, LayerCache
+from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token
 from .rope import Rotary
 
 
@@ -105,6 +106,11 @@ class Engine:
         self.device = self.embed.weight.device
         self.dtype = self.embed.weight.dtype
         self.max_positions = self.shape.window   # positions beyond are refused (see ``past_window``)
+        self.flops = FlopCounter()               # model FLOPs executed so far (the benchmark reads it)
+        self._layer_flops = [linear_flops_per_token(layer) for layer in self.layers]
+        self._qkv_flops = [linear_flops_per_token(torch.nn.ModuleList([layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                                       layer.self_attn.v_proj])) for layer in self.layers]
+        self._head_flops = 2 * self.lm_head.weight.numel()
 
     @contextmanager
     def past_window(self, positions: int):
@@ -119,16 +125,22 @@ class Engine:
     # ---------------------------------------------------------------- one block of tokens
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, *, hook: Hook | None = None,
-                policy: EvictionPolicy | None = None) -> torch.Tensor:
+                policy: EvictionPolicy | None = None, qkv_only_next: bool = False) -> torch.Tensor:
         """Run ``ids`` (1-D) through the first ``len(cache.layers)`` layers on top of ``cache``.
 
         The block sits at positions ``cache.length ..``; returns the last layer's hidden states [T, hidden].
+        ``qkv_only_next``: then compute only the Q/K/V states of the following layer for ``hook`` (early exit
+        at a layer whose attention output nobody reads: its attention and MLP are skipped).
         """
         start, t = cache.length, ids.shape[0]
         self._check_positions(start, t)
         x = self.embed(ids.to(self.device))
         for i, lc in enumerate(cache.layers):
             x = self._layer(i, x, lc, start, hook, policy)
+        if qkv_only_next:
+            i = len(cache.layers)
+            hook.on_qkv(i, *self._qkv(i, x))
+            self.flops.add("linear", self._qkv_flops[i] * t)
         return x
 
     def _check_positions(self, start: int, t: int) -> None:
@@ -136,16 +148,21 @@ class Engine:
             raise ValueError(f"positions up to {start + t - 1} would exceed the model's window "
                              f"({self.max_positions}); lower the chunk size or the cache budget")
 
-    def _layer(self, i: int, x: torch.Tensor, lc: LayerCache, start: int, hook, policy) -> torch.Tensor:
-        layer, s = self.layers[i], self.shape
-        attn, t = layer.self_attn, x.shape[0]
-        h = layer.input_layernorm(x)
+    def _qkv(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s pre-RoPE query, key and value states of hidden states ``x``, each [heads, T, D]."""
+        attn, s, t = self.layers[i].self_attn, self.shape, x.shape[0]
+        h = self.layers[i].input_layernorm(x)
         q = attn.q_proj(h).view(t, s.n_heads, s.head_dim)
         k = attn.k_proj(h).view(t, s.n_kv_heads, s.head_dim)
         v = attn.v_proj(h).view(t, s.n_kv_heads, s.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms come before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)      # [heads, T, D]
+        return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+
+    def _layer(self, i: int, x: torch.Tensor, lc: LayerCache, start: int, hook, policy) -> torch.Tensor:
+        layer, s = self.layers[i], self.shape
+        attn, t = layer.self_attn, x.shape[0]
+        q, k, v = self._qkv(i, x)
         if hook is not None:
             hook.on_qkv(i, q, k, v)
         if (arrange := getattr(policy, "arrange", None)) is not None:
@@ -155,24 +172,29 @@ class Engine:
         q_rot = self.rotary.rotate(q, start)
         lc.append(k, self.rotary.rotate(k, start), v)
         out = causal_attention(q_rot, lc.keys, lc.values, start, self.scaling)
+        self.flops.add("linear", self._layer_flops[i] * t)
+        self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, t))
         if policy is not None and policy.score_window:
             w = min(policy.score_window, t)
             policy.observe(i, attention_received(q_rot[:, -w:], lc.keys, self.scaling), lc, t)
+            self.flops.add("eviction_scores", 2 * s.n_heads * s.head_dim * w * lc.length)
         x = x + attn.o_proj(out.transpose(0, 1).reshape(t, -1))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM-head logits (float32) of hidden states from the full stack of layers."""
+        self.flops.add("lm_head", self._head_flops * hidden.shape[0])
         with torch.inference_mode():
             return self.lm_head(self.norm(hidden)).float()
 
     # ---------------------------------------------------------------- the chunk loop
     def prefill(self, ids: torch.Tensor, cache: KVCache, *, chunk_size: int, hook: Hook | None = None,
-                policy: EvictionPolicy | None = None, offset: int = 0,
+                policy: EvictionPolicy | None = None, offset: int = 0, qkv_only_next: bool = False,
                 progress: Callable[[int], None] | None = None) -> torch.Tensor:
         """Feed ``ids`` chunk by chunk: forward on the cache, then let ``policy`` compress it.
 
-        ``offset`` is the index of ``ids[0]`` in the whole input (for hooks that store per-token data).
+        ``offset`` is the index of ``ids[0]`` in the whole input (for hooks that store per-token data);
+        ``qkv_only_next`` as in ``forward``.
         Returns the hidden states of the last chunk.
         """
         if chunk_size < 1:
@@ -182,7 +204,7 @@ class Engine:
             piece = ids[s:s + chunk_size]
             if hook is not None:
                 hook.begin(offset + s, piece.shape[0])
-            hidden = self.forward(piece, cache, hook=hook, policy=policy)
+            hidden = self.forward(piece, cache, hook=hook, policy=policy, qkv_only_next=qkv_only_next)
             if policy is not None:
                 if (observe_output := getattr(policy, "observe_output", None)) is not None:
                     observe_output(piece, hidden)

@@ -68,9 +68,10 @@ class HeadEmbeddings:
         self._span = slice(0, 0)
 
     @property
-    def exit_layers(self) -> int:
-        """Number of layers the encoder must run: up to the deepest embedding head (early exit)."""
-        return max(h.layer for h in self.heads) + 1
+    def exit_layer(self) -> int:
+        """The deepest embedding head's layer (early exit): the encoder runs the layers below it in full
+        and of this one only the Q/K/V projections (``Engine.forward(..., qkv_only_next=True)``)."""
+        return max(h.layer for h in self.heads)
 
     def begin(self, offset: int, length: int) -> None:
         self._span = slice(offset, offset + length)

@@ -122,9 +122,10 @@ class Reform(Method):
         if ids.shape[0] <= c.recompute_budget:   # everything will be recomputed: nothing to compress
             return Context(pipe, self, ids)
         emb = HeadEmbeddings(list(c.heads), pipe.engine.shape, ids.shape[0], ids.device, c.embed_dtype)
-        cache = KVCache.empty(emb.exit_layers)
+        cache = KVCache.empty(emb.exit_layer)
         policy = H2O(c.cache_budget, c.keep_first, c.keep_last, c.score_window)
-        pipe.engine.prefill(ids, cache, chunk_size=c.chunk_size, hook=emb, policy=policy, progress=progress)
+        pipe.engine.prefill(ids, cache, chunk_size=c.chunk_size, hook=emb, policy=policy, qkv_only_next=True,
+                            progress=progress)
         return Context(pipe, self, ids, cache=cache, state=emb)
 
     def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
@@ -141,7 +142,7 @@ class Reform(Method):
                              f"compressed cache ({ctx.cache.length}); shorten it or lower the cache budget")
         q_emb = HeadEmbeddings(list(c.heads), engine.shape, len(part.ids), ctx.ids.device, c.embed_dtype)
         q_emb.begin(0, len(part.ids))
-        engine.forward(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone(), hook=q_emb)
+        engine.forward(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone(), hook=q_emb, qkv_only_next=True)
         query = q_emb.data[part.query_span]
         if query.shape[0] == 0:
             raise ValueError("the question has no tokens to search with")
