@@ -194,6 +194,10 @@ def demo(length: Optional[int] = typer.Option(None, "--length", help="haystack t
         raise typer.Exit(1)
 
 
+from .eval import app as eval_app  # noqa: E402  (here, after the helpers it imports)
+app.add_typer(eval_app, name="eval")
+
+
 def main():
     app()
 

@@ -41,6 +41,10 @@ def full_attention_bytes(engine: Engine, n: int) -> int:
     return cache + transient
 
 
+class PastWindowWarning(UserWarning):
+    """Full attention was asked to run past the model's window (the eval runner turns this into a skip)."""
+
+
 @register
 class Full(Method):
     """Plain generation over the whole input. Past the model's window it still runs (with a warning:
@@ -59,7 +63,7 @@ class Full(Method):
         if n > engine.shape.window:
             warnings.warn(f"the input ({n} tokens) is longer than the model's window ({engine.shape.window}): "
                           "full attention runs at positions the model was not trained on; expect degraded "
-                          "answers", stacklevel=2)
+                          "answers", PastWindowWarning, stacklevel=2)
         return Context(pipe, self, ids)
 
     def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,

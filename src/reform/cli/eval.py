@@ -1,0 +1,211 @@
+"""``reform eval ...``: run NIAH, RULER-style or BABILong-style suites, or your own rows, through several
+methods on one model, resumably; ``reform eval report DIR`` redraws the tables and plots of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+# defined before importing main, which registers it (main imports this module at its end)
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Evaluate methods side by side: NIAH heat maps, RULER-style and BABILong-style suites, "
+                       "or any JSONL of rows.")
+
+from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, out  # noqa: E402
+
+MethodsOpt = typer.Option("reform", "--methods", help="comma-separated methods, each optionally with options: "
+                          "reform,h2o,truncate:recompute_budget=512 (options are fields of the method's config)")
+OutOpt = typer.Option(None, "--out", "-o", help="output folder (default: runs/eval-SUITE); an existing run there "
+                      "is resumed")
+MaxRowsOpt = typer.Option(None, "--max-rows", min=1, help="run only the first N rows (a quick look)")
+ForceOpt = typer.Option(False, "--force-over-window", help="run full attention past the model's window "
+                        "(otherwise those rows are recorded as skipped)")
+FreshOpt = typer.Option(False, "--fresh", help="discard the predictions already in the output folder")
+
+SUITES_HELP = {
+    "niah": "Needle in a haystack at several depths and lengths (REFORM §4.1; heat map per method).",
+    "ruler": "RULER-style synthetic tasks: needles, multi-key/value/query, variable tracking, word extraction.",
+    "babilong": "BABILong-style reasoning: bAbI qa1-qa5 facts scattered through a natural-text haystack.",
+}
+
+
+def _split(text: str | None) -> list[str]:
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def parse_depths(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    depths = []
+    for item in _split(text):
+        try:
+            d = float(item[:-1]) / 100 if item.endswith("%") else float(item)
+        except ValueError:
+            raise CliError(f"bad depth '{item}': use numbers from 0 to 1 (or percentages), e.g. 0,0.25,0.5") from None
+        if not 0 <= d <= 1:
+            raise CliError(f"depth {item} is outside 0..1")
+        depths.append(d)
+    if not depths:
+        raise CliError("no depths given: use e.g. --depths 0,0.25,0.5,0.75,1")
+    return depths
+
+
+def check_tasks(suite: str, text: str | None) -> list[str] | None:
+    """The requested tasks, by their names in the suite (``niah_single_1`` or ``ruler/niah_single_1``)."""
+    if text is None:
+        return None
+    from ..eval.tasks import suite_tasks
+    known = list(suite_tasks(suite))
+    tasks = []
+    for t in _split(text):
+        match = next((k for k in known if k in (t, f"{suite}/{t}")), None)
+        if match is None:
+            raise CliError(f"unknown {suite} task '{t}'; choose from: {', '.join(known)}")
+        tasks.append(match)
+    if not tasks:
+        raise CliError(f"no tasks given; choose from: {', '.join(known)}")
+    return tasks
+
+
+def check_methods(text: str) -> list:
+    from ..eval.runner import method_specs
+    from ..methods.options import OptionError
+    try:
+        return method_specs(_split(text))
+    except OptionError as e:
+        raise CliError(f"{e} (give options as NAME:OPTION=VALUE)") from None
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def check_out(path: Path):
+    from ..eval.runner import prepare_out_dir
+    try:
+        return prepare_out_dir(path)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def load(model: str | None, device: str | None, dtype: str | None):
+    from ..model import ModelLoadError, load_model, resolve
+    try:
+        resolve(model)          # a missing path fails here, before anything heavy
+        return load_model(model, device=device, dtype=dtype)
+    except ModelLoadError as e:
+        raise CliError(str(e)) from None
+
+
+def run(rows, specs, out_dir: Path, loaded, *, meta: dict, max_rows: int | None, force: bool, fresh: bool):
+    """Run the rows, then print the results table and where everything was written."""
+    from ..engine.core import UnsupportedModelError
+    from ..eval.runner import RESULTS, run_eval
+    rows = rows[:max_rows] if max_rows else rows
+    try:
+        metrics = run_eval(rows, methods=specs, out_dir=out_dir, model=loaded.model, tokenizer=loaded.tokenizer,
+                           model_name=loaded.name, progress=True, console=err, resume=not fresh,
+                           force_over_window=force, meta={**meta, "max_rows": max_rows})
+    except (UnsupportedModelError, ValueError) as e:
+        raise CliError(str(e)) from None
+    show(out_dir / RESULTS, metrics)
+
+
+def show(results: Path, metrics: dict):
+    out.print(results.read_text(), markup=False, highlight=False)
+    err.print(f"wrote {results.parent}: predictions.jsonl, metrics.json, config.json, results.md"
+              + "".join(f", {Path(p).name}" for p in metrics.get("plots", [])), markup=False, highlight=False)
+
+
+def suite_command(suite: str):
+    def command(methods: str = MethodsOpt,
+                lengths: str = typer.Option("4k,8k", "--lengths", help="context lengths in the model's tokens: "
+                                            "4096, 8k, 1M ..."),
+                samples: int = typer.Option(2, "--samples", min=1, help="samples per task, length (and depth)"),
+                depths: Optional[str] = typer.Option(None, "--depths", help="needle depths 0..1, e.g. "
+                                                     "0,0.25,0.5,0.75,1 (default: the suite's)"),
+                tasks: Optional[str] = typer.Option(None, "--tasks", help="comma-separated tasks (default: all)"),
+                seed: int = typer.Option(0, "--seed"),
+                haystack: Optional[Path] = typer.Option(None, "--haystack", help="folder of .txt files to use as "
+                                                        "the natural-text haystack"),
+                out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
+                force: bool = ForceOpt, fresh: bool = FreshOpt,
+                model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+        from ..eval.runner import parse_lengths
+        try:
+            specs = check_methods(methods)
+            try:
+                length_list = parse_lengths(lengths)
+            except ValueError as e:
+                raise CliError(str(e)) from None
+            depth_list = parse_depths(depths)
+            task_list = check_tasks(suite, tasks)
+            if haystack is not None and not haystack.is_dir():
+                raise CliError(f"haystack folder not found: {haystack}")
+            out_path = check_out(out_dir or Path(f"runs/eval-{suite}"))
+            loaded = load(model, device, dtype)
+            from ..eval.tasks import make_rows
+            try:
+                rows = make_rows(suite, loaded.tokenizer, length_list, samples, seed=seed, haystack_dir=haystack,
+                                 depths=depth_list, tasks=task_list)
+            except ValueError as e:
+                raise CliError(str(e)) from None
+            meta = {"suite": suite, "tasks": task_list, "lengths": length_list, "samples": samples, "seed": seed,
+                    "depths": depth_list, "haystack": str(haystack) if haystack else None}
+            run(rows, specs, out_path, loaded, meta=meta, max_rows=max_rows, force=force, fresh=fresh)
+        except CliError as e:
+            fail(e)
+
+    command.__doc__ = SUITES_HELP[suite]
+    return command
+
+
+for _suite in SUITES_HELP:
+    app.command(_suite)(suite_command(_suite))
+
+
+@app.command("jsonl")
+def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (context, question, answers, task, "
+                                      "...) or RULER's (input, outputs)"),
+          methods: str = MethodsOpt,
+          question_split: Optional[str] = typer.Option(None, "--question-split", help="RULER rows: the question "
+                                                       "starts at the last occurrence of this marker (default: "
+                                                       "the input's last line is the question)"),
+          task: Optional[str] = typer.Option(None, "--task", help="task name for RULER rows (default: "
+                                             "ruler/<the file's task folder or name>)"),
+          max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
+                                                       help="override the rows' answer length"),
+          out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
+          force: bool = ForceOpt, fresh: bool = FreshOpt,
+          model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+    """Run every row of FILE (each line validated first) through the methods."""
+    from ..eval.jsonl import read_rows
+    try:
+        specs = check_methods(methods)
+        try:
+            rows = read_rows(file, question_split=question_split, task=task, max_new_tokens=max_new_tokens)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        out_path = check_out(out_dir or Path(f"runs/eval-{file.stem}"))
+        loaded = load(model, device, dtype)
+        run(rows, specs, out_path, loaded, meta={"suite": "jsonl", "source": str(file)}, max_rows=max_rows,
+            force=force, fresh=fresh)
+    except CliError as e:
+        fail(e)
+
+
+@app.command("report")
+def report(run_dir: Path = typer.Argument(..., help="an evaluation's output folder"),
+           plots: bool = typer.Option(True, "--plots/--no-plots")):
+    """Rewrite metrics.json, results.md and the plots of RUN_DIR from its predictions.jsonl."""
+    from ..eval.runner import RESULTS, write_report
+    try:
+        if not run_dir.is_dir():
+            raise CliError(f"folder not found: {run_dir}")
+        try:
+            metrics = write_report(run_dir, plots=plots)
+        except (ValueError, KeyError) as e:
+            raise CliError(f"cannot report {run_dir}: {e}") from None
+    except CliError as e:
+        fail(e)
+    show(run_dir / RESULTS, metrics)

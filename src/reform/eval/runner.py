@@ -1,0 +1,478 @@
+"""Run rows through several methods on one loaded model, resumably, and write what they scored.
+
+``run_eval`` loads the model once, builds one ``Pipeline`` per method on it, encodes every distinct
+context once per method and asks all of that context's questions. Each finished row is appended to
+``predictions.jsonl`` at once, so a killed run loses at most the row in flight and the next run skips
+what is there (same method label, same config hash). ``metrics.json``, ``results.md`` and the plots are
+derived from ``predictions.jsonl`` alone (``write_report``), so ``reform eval report DIR`` regenerates them.
+
+Full attention past the model's window is not run by default: its rows are recorded as ``skipped`` with
+the reason (``force_over_window=True`` runs them, as ``reform ask`` does, with degraded answers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from .rows import Row
+
+PREDICTIONS, CONFIG, METRICS, RESULTS = "predictions.jsonl", "config.json", "metrics.json", "results.md"
+STAGES = ("encode", "gather", "recompute", "generate")
+
+
+# ---------------------------------------------------------------- lengths ("8k", "1M")
+_LENGTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+
+
+def parse_length(text: str) -> int:
+    """``"8k"`` -> 8192, ``"1M"`` -> 1048576, ``"3000"`` -> 3000 (k = 1024, as RULER's lengths)."""
+    m = _LENGTH.match(str(text))
+    if not m:
+        raise ValueError(f"bad length '{text}': use a token count such as 4096, 8k or 1M")
+    n = int(float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()])
+    if n < 1:
+        raise ValueError(f"bad length '{text}': it must be at least 1 token")
+    return n
+
+
+def parse_lengths(text: str) -> list[int]:
+    items = [t for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError("no lengths given: use e.g. --lengths 8k,16k,32k")
+    return sorted(set(map(parse_length, items)))
+
+
+def format_length(n: int) -> str:
+    for unit, size in (("M", 1024 ** 2), ("k", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+# ---------------------------------------------------------------- methods with options
+def _option_value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method by name plus options (fields of its config); ``label`` names it in every output."""
+
+    name: str
+    options: tuple = ()      # sorted (key, value) pairs, so specs hash and compare by value
+
+    @classmethod
+    def of(cls, item) -> "MethodSpec":
+        """From ``"reform"``, ``"reform:recompute_budget=512"``, ``("reform", {...})`` or
+        ``{"name": "reform", "recompute_budget": 512}``."""
+        if isinstance(item, MethodSpec):
+            return item
+        if isinstance(item, dict):
+            item = dict(item)
+            return cls.of((item.pop("name", ""), item))
+        if isinstance(item, tuple):
+            name, options = item
+            return cls(str(name).strip(), tuple(sorted((k, v) for k, v in options.items() if v is not None)))
+        return cls.parse(str(item))
+
+    @classmethod
+    def parse(cls, text: str) -> "MethodSpec":
+        name, *parts = text.strip().split(":")
+        options = {}
+        for part in parts:
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip():
+                raise ValueError(f"bad method option '{part}' in '{text}': use NAME:OPTION=VALUE[:OPTION=VALUE]")
+            options[key.strip()] = _option_value(value.strip())
+        return cls.of((name, options))
+
+    @property
+    def label(self) -> str:
+        if not self.options:
+            return self.name
+        return f"{self.name}({','.join(f'{k}={v}' for k, v in self.options)})"
+
+    def check(self) -> None:
+        """Refuse an unknown method or options it does not take (no model needed)."""
+        from ..pipeline import check_method_options
+        if not self.name:
+            raise ValueError("a method name is empty")
+        check_method_options(self.name, **dict(self.options))
+
+    def config_hash(self, model_name: str, use_chat_template: bool = True) -> str:
+        """What the predictions depend on besides the row: model, method, options, prompt layout."""
+        key = json.dumps({"model": model_name, "method": self.name, "options": [list(o) for o in self.options],
+                          "chat_template": use_chat_template}, sort_keys=True, default=str)
+        return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+    def to_json(self, model_name: str, use_chat_template: bool = True) -> dict:
+        return {"label": self.label, "name": self.name, "options": dict(self.options),
+                "config_hash": self.config_hash(model_name, use_chat_template)}
+
+
+def method_specs(methods: Iterable) -> list[MethodSpec]:
+    """Normalise and check a method list (names, "name:opt=value" strings, tuples or dicts)."""
+    specs = [MethodSpec.of(m) for m in methods]
+    if not specs:
+        raise ValueError("no methods given: use e.g. --methods reform,truncate")
+    labels = [s.label for s in specs]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"a method is listed twice: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+    for spec in specs:
+        spec.check()
+    return specs
+
+
+# ---------------------------------------------------------------- output folder and records
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """Create ``out_dir`` and make sure files can be written in it (before any model is loaded)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output folder {out} is a file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write to output folder {out}: {e.strerror or e}") from None
+    return out
+
+
+def read_predictions(path: str | Path) -> list[dict]:
+    """The records of a predictions file; a torn last line (a run killed mid-write) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines):
+                raise ValueError(f"{path} line {i} is not valid JSON") from None
+    return records
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a killed run, so appended records start on a line of their own."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        path.write_bytes(data[:data.rfind(b"\n") + 1])
+
+
+def finished(record: dict, force_over_window: bool) -> bool:
+    """Rows a resumed run does not redo: answered ones, and skipped ones unless they are now forced.
+    Errors are retried."""
+    return record.get("status") == "ok" or (record.get("status") == "skipped" and not force_over_window)
+
+
+def record_for(row: Row, spec: MethodSpec, config_hash: str, status: str, **fields) -> dict:
+    return {"id": row.id, "task": row.task, "length": row.length, "depth": row.depth, "sample": row.sample,
+            "method": spec.label, "method_name": spec.name, "config_hash": config_hash, "status": status,
+            "question": row.question, "answer_prefix": row.answer_prefix, "answers": row.answers,
+            "prediction": None, "score": None, **fields}
+
+
+# ---------------------------------------------------------------- answering
+def group_by_context(rows: Iterable[Row]) -> list[list[Row]]:
+    """Rows with identical contexts, in first-appearance order."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(row.context_key, []).append(row)
+    return list(groups.values())
+
+
+def answer_group(pipe, rows: list[Row], force_over_window: bool) -> Iterator[tuple[Row, str, dict]]:
+    """Encode the rows' shared context once and ask every row's question: yields (row, status, fields)."""
+    from ..methods.full import PastWindowWarning
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore" if force_over_window else "error", PastWindowWarning)
+            ctx = pipe.encode(rows[0].context)
+    except PastWindowWarning as w:
+        reason = f"{w} (not run; force_over_window / --force-over-window runs it)"
+        yield from ((row, "skipped", {"reason": reason}) for row in rows)
+        return
+    except ValueError as e:
+        yield from ((row, "error", {"reason": str(e)}) for row in rows)
+        return
+    for row in rows:
+        try:
+            ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens)
+        except ValueError as e:
+            yield row, "error", {"reason": str(e)}
+            continue
+        stats = {**ans.stats, "encode_shared_by": len(rows)}
+        yield row, "ok", {"prediction": ans.text, "context_tokens": int(ctx.ids.shape[0]),
+                          "input_tokens": ans.input_tokens, "stats": stats}
+
+
+def versions() -> dict:
+    import sys
+
+    import torch
+    import transformers
+
+    from .. import __version__ as reform_version
+    return {"reform": reform_version, "python": sys.version.split()[0], "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def machine() -> dict:
+    import torch
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["cuda"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def default_scorer() -> Callable[[Row, str], float]:
+    from .tasks.scoring import score
+    return score
+
+
+def progress_bar(enabled: bool, console=None):
+    """A rich progress bar over rows (or a no-op)."""
+    if not enabled:
+        return nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+
+
+@dataclass
+class Plan:
+    """Which rows each method still has to answer, grouped by context."""
+
+    specs: list[MethodSpec]
+    hashes: dict[str, str]
+    pending: dict[str, set[str]] = field(default_factory=dict)   # label -> row ids to run
+    total: int = 0
+
+    @classmethod
+    def make(cls, rows: list[Row], specs: list[MethodSpec], hashes: dict[str, str], done: set) -> "Plan":
+        plan = cls(specs, hashes)
+        for spec in specs:
+            ids = {r.id for r in rows if (spec.label, hashes[spec.label], r.id) not in done}
+            plan.pending[spec.label] = ids
+            plan.total += len(ids)
+        return plan
+
+
+def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_name: str, model=None,
+             tokenizer=None, loader: Callable | None = None, scorer: Callable[[Row, str], float] | None = None,
+             progress: bool = False, console=None, resume: bool = True, force_over_window: bool = False,
+             use_chat_template: bool = True, meta: dict | None = None, plots: bool = True) -> dict:
+    """Answer ``rows`` with every method and write the results to ``out_dir``; returns the metrics.
+
+    ``methods``: names, ``"name:option=value"`` strings, ``(name, options)`` tuples or dicts. Give a loaded
+    ``model`` + ``tokenizer``, or a ``loader()`` returning an object with ``.model`` and ``.tokenizer``
+    (called only if some row is left to run). ``scorer(row, prediction)`` -> score in [0, 1].
+    ``meta`` (suite, lengths, samples, seed, ...) goes into ``config.json``."""
+    from ..pipeline import Pipeline
+
+    specs = method_specs(methods)
+    rows = list(rows)
+    ids = [r.id for r in rows]
+    if len(set(ids)) < len(ids):
+        raise ValueError("two rows have the same id (same task, length, depth, sample, question and context)")
+    out = prepare_out_dir(out_dir)
+    scorer = scorer or default_scorer()
+    pred_path = out / PREDICTIONS
+    if not resume and pred_path.exists():
+        pred_path.unlink()
+    drop_torn_tail(pred_path)
+    hashes = {s.label: s.config_hash(model_name, use_chat_template) for s in specs}
+    done = {(r["method"], r.get("config_hash"), r["id"]) for r in read_predictions(pred_path)
+            if finished(r, force_over_window)}
+    plan = Plan.make(rows, specs, hashes, done)
+    config = {"model": model_name, "methods": [s.to_json(model_name, use_chat_template) for s in specs],
+              **(meta or {}), "rows": len(rows), "force_over_window": force_over_window,
+              "chat_template": use_chat_template, "versions": versions(), "machine": machine(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (out / CONFIG).write_text(json.dumps(config, indent=1))
+    if plan.total:
+        if model is None:
+            loaded = loader()
+            model, tokenizer = loaded.model, loaded.tokenizer
+        pipes = {s.label: Pipeline(model, tokenizer, model_name=model_name, method=s.name,
+                                   use_chat_template=use_chat_template, **dict(s.options)) for s in specs}
+        with open(pred_path, "a", encoding="utf-8") as sink, progress_bar(progress, console) as bar:
+            task = bar.add_task("starting", total=plan.total) if bar is not None else None
+            for group in group_by_context(rows):
+                for spec in specs:
+                    todo = [r for r in group if r.id in plan.pending[spec.label]]
+                    if not todo:
+                        continue
+                    if bar is not None:
+                        bar.update(task, description=f"{spec.label} · {format_length(todo[0].length)}")
+                    for row, status, fields in answer_group(pipes[spec.label], todo, force_over_window):
+                        if status == "ok":
+                            fields["score"] = float(scorer(row, fields["prediction"]))
+                        record = record_for(row, spec, hashes[spec.label], status, **fields)
+                        sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                        sink.flush()
+                        if bar is not None:
+                            bar.advance(task)
+    return write_report(out, plots=plots)
+
+
+# ---------------------------------------------------------------- report (from predictions.jsonl alone)
+def current_records(records: list[dict], config: dict | None) -> list[dict]:
+    """The latest record per (method, row); for methods in ``config``, only those of its config hash."""
+    wanted = {m["label"]: m["config_hash"] for m in (config or {}).get("methods", [])}
+    latest: dict[tuple[str, str], dict] = {}
+    for r in records:
+        if r["method"] in wanted and r.get("config_hash") != wanted[r["method"]]:
+            continue
+        latest[(r["method"], r["id"])] = r
+    return list(latest.values())
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _ordered(values: Iterable, first: Iterable = ()) -> list:
+    """``first`` (in its order) then the other values in first-appearance order, without repeats."""
+    return list(dict.fromkeys([*first, *values]))
+
+
+def row_seconds(record: dict) -> float:
+    """Wall seconds spent on one row, the shared encode split over the rows that shared it."""
+    s = record.get("stats", {})
+    return s.get("encode", 0.0) / s.get("encode_shared_by", 1) + sum(s.get(k, 0.0) for k in STAGES[1:])
+
+
+def aggregate(records: list[dict], method_order: Iterable[str] = ()) -> dict:
+    """Mean score and counts per task x length x method, per depth where rows have one, per length
+    averaged over tasks, and per method (with seconds per row and peak memory)."""
+    methods = _ordered((r["method"] for r in records), method_order)
+    tasks = _ordered(sorted(r["task"] for r in records))
+    lengths = sorted({r["length"] for r in records})
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        cells[(r["task"], r["length"], r["method"])].append(r)
+        if r.get("depth") is not None:
+            cells[(r["task"], r["length"], r["method"], r["depth"])].append(r)
+        cells[(r["method"],)].append(r)
+
+    def summary(group: list[dict]) -> dict:
+        scores = [r["score"] for r in group if r["status"] == "ok"]
+        return {"score": _mean(scores), "n": len(scores),
+                "skipped": sum(r["status"] == "skipped" for r in group),
+                "errors": sum(r["status"] == "error" for r in group)}
+
+    by_task = [{"task": k[0], "length": k[1], "method": k[2], **summary(v)} for k, v in cells.items() if len(k) == 3]
+    by_depth = [{"task": k[0], "length": k[1], "method": k[2], "depth": k[3], **summary(v)}
+                for k, v in cells.items() if len(k) == 4]
+    by_length = []
+    for length in lengths:
+        for method in methods:
+            means = [c["score"] for c in by_task if c["length"] == length and c["method"] == method
+                     and c["score"] is not None]
+            if means:
+                by_length.append({"length": length, "method": method, "score": _mean(means), "tasks": len(means)})
+    by_method = []
+    for method in methods:
+        group = cells[(method,)]
+        ok = [r for r in group if r["status"] == "ok"]
+        by_method.append({"method": method, **summary(group),
+                          "seconds_per_row": _mean([row_seconds(r) for r in ok]),
+                          "peak_memory_mb": max((r["stats"].get("peak_memory_mb", 0) for r in ok), default=None)})
+    key = lambda c: (tasks.index(c["task"]), c["length"], methods.index(c["method"]), c.get("depth") or 0)
+    return {"methods": methods, "tasks": tasks, "lengths": lengths, "by_task": sorted(by_task, key=key),
+            "by_depth": sorted(by_depth, key=key), "by_length": by_length, "by_method": by_method}
+
+
+def _percent(cell: dict | None) -> str:
+    if cell is None:
+        return "—"
+    if cell["score"] is None:
+        return "skipped" if cell["skipped"] else "error"
+    return f"{100 * cell['score']:.1f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def markdown(metrics: dict, model: str = "") -> str:
+    """``results.md``: score (%) per task x length (rows) and method (columns), per-depth tables for the
+    tasks that have depths, and time and memory per method."""
+    methods, by_task = metrics["methods"], metrics["by_task"]
+    cell = {(c["task"], c["length"], c["method"]): c for c in by_task}
+    counts = {c["n"] for c in by_task}
+    lines = [f"# Evaluation results{f': {model}' if model else ''}", "",
+             "Scores are the mean per-row score in % (NIAH/BABILong: answer contains the gold string; "
+             "RULER-style: fraction of gold strings present)."
+             + (f" {counts.pop()} rows per cell." if len(counts) == 1 else " Rows per cell are in metrics.json."), ""]
+    body = [[task, format_length(length), *(_percent(cell.get((task, length, m))) for m in methods)]
+            for task in metrics["tasks"] for length in metrics["lengths"] if any((task, length, m) in cell for m in methods)]
+    if len(metrics["tasks"]) > 1:
+        avg = {(c["length"], c["method"]): c for c in metrics["by_length"]}
+        body += [["**mean over tasks**", format_length(length),
+                  *(f"{100 * avg[(length, m)]['score']:.1f}" if (length, m) in avg else "—" for m in methods)]
+                 for length in metrics["lengths"]]
+    lines += _table(["task", "length", *methods], body)
+    depth_tasks = _ordered(c["task"] for c in metrics["by_depth"])
+    for task in depth_tasks:
+        depth = {(c["method"], c["length"], c["depth"]): c for c in metrics["by_depth"] if c["task"] == task}
+        depths = sorted({k[2] for k in depth})
+        lengths = sorted({k[1] for k in depth})
+        lines += ["", f"## {task}: score (%) by depth", ""]
+        header = ["depth", *(f"{m} {format_length(n)}" for m in methods for n in lengths)]
+        lines += _table(header, [[f"{d:.0%}", *(_percent(depth.get((m, n, d))) for m in methods for n in lengths)]
+                                 for d in depths])
+    lines += ["", "## Time and memory per method", ""]
+    lines += _table(["method", "rows answered", "skipped", "errors", "seconds per row", "peak memory (MB)"],
+                    [[m["method"], str(m["n"]), str(m["skipped"]), str(m["errors"]),
+                      "—" if m["seconds_per_row"] is None else f"{m['seconds_per_row']:.2f}",
+                      "—" if m["peak_memory_mb"] is None else f"{m['peak_memory_mb']:.0f}"]
+                     for m in metrics["by_method"]])
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: str | Path, plots: bool = True) -> dict:
+    """(Re)write ``metrics.json``, ``results.md`` and the PNGs of ``out_dir`` from its predictions."""
+    out = Path(out_dir)
+    pred_path = out / PREDICTIONS
+    if not pred_path.is_file():
+        raise ValueError(f"no {PREDICTIONS} in {out}: run an evaluation into it first")
+    config = json.loads((out / CONFIG).read_text()) if (out / CONFIG).is_file() else {}
+    records = current_records(read_predictions(pred_path), config)
+    if not records:
+        raise ValueError(f"{pred_path} holds no predictions")
+    metrics = aggregate(records, [m["label"] for m in config.get("methods", [])])
+    metrics["model"] = config.get("model", "")
+    (out / METRICS).write_text(json.dumps(metrics, indent=1))
+    (out / RESULTS).write_text(markdown(metrics, metrics["model"]))
+    if plots:
+        from .plots import draw_all
+        metrics["plots"] = [str(p) for p in draw_all(metrics, out)]
+    return metrics

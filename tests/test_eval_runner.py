@@ -1,0 +1,336 @@
+"""The evaluation runner: predictions schema, resume, encode-once per context, skipped rows past the
+window, metrics/table/plots from predictions alone, JSONL import (ours and RULER's), CLI refusals."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from reform.cli.main import app
+from reform.eval import runner as runner_mod
+from reform.eval.jsonl import RowFileError, read_rows, split_question
+from reform.eval.rows import Row, write_rows
+from reform.eval.runner import (MethodSpec, aggregate, current_records, method_specs, parse_length, parse_lengths,
+                                read_predictions, run_eval, write_report)
+from reform.methods.base import Context
+from reform.model import LoadedModel
+from reform.pipeline import Pipeline
+
+from conftest import CharTokenizer, tiny
+
+REFORM = ("reform", dict(heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=200))
+TRUNCATE = ("truncate", dict(recompute_budget=200))
+HAY_A = "The quick brown fox jumps over the lazy dog. " * 9            # ~400 byte-tokens (window 512)
+HAY_B = "A small boat drifts along the quiet river bank. " * 8
+
+
+def make_rows():
+    rows = []
+    for i, (hay, length) in enumerate([(HAY_A, 400), (HAY_B, 800)]):
+        for depth in (0.0, 0.5):
+            rows.append(Row(context=hay, question=f"Where is item {depth}?", answers=["fox", "dog"], task="niah",
+                            length=length, depth=depth, max_new_tokens=3, sample=i))
+    return rows
+
+
+def fake_score(row, prediction):
+    """Deterministic and row-dependent, so aggregation is checkable: depth 0 scores 1, depth 0.5 scores 0."""
+    assert isinstance(prediction, str)
+    return 1.0 if row.depth == 0.0 else 0.0
+
+
+class Counts:
+    def __init__(self, monkeypatch):
+        self.encode = self.ask = self.load = 0
+        encode, ask = Pipeline.encode, Context.ask
+
+        def counted_encode(pipe, *a, **k):
+            self.encode += 1
+            return encode(pipe, *a, **k)
+
+        def counted_ask(ctx, *a, **k):
+            self.ask += 1
+            return ask(ctx, *a, **k)
+        monkeypatch.setattr(Pipeline, "encode", counted_encode)
+        monkeypatch.setattr(Context, "ask", counted_ask)
+
+    def loader(self):
+        self.load += 1
+        return LoadedModel(tiny(), CharTokenizer(), "tiny")
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    return Counts(monkeypatch)
+
+
+def evaluate(rows, out, counts, methods=(REFORM, TRUNCATE), **kw):
+    return run_eval(rows, methods=list(methods), out_dir=out, model_name="tiny", loader=counts.loader,
+                    scorer=fake_score, **kw)
+
+
+def test_predictions_schema_outputs_and_encode_once_per_context(tmp_path, counts):
+    rows = make_rows()
+    metrics = evaluate(rows, tmp_path, counts, meta={"suite": "niah", "seed": 3})
+    assert counts.load == 1
+    assert counts.encode == 2 * 2 and counts.ask == 4 * 2           # 2 contexts x 2 methods; 4 rows x 2 methods
+    records = read_predictions(tmp_path / "predictions.jsonl")
+    assert len(records) == 8
+    labels = {"reform(cache_budget=96,chunk_size=64,heads=1:v:0,2:q:3,1:k:1,recompute_budget=200)",
+              "truncate(recompute_budget=200)"}
+    assert {r["method"] for r in records} == labels
+    for r in records:
+        assert r["status"] == "ok" and isinstance(r["prediction"], str)
+        assert r["score"] == (1.0 if r["depth"] == 0.0 else 0.0)
+        assert r["answers"] == ["fox", "dog"] and r["task"] == "niah" and r["length"] in (400, 800)
+        assert set(r["stats"]) >= {"encode", "recompute", "generate", "peak_memory_mb", "new_tokens"}
+        assert r["stats"]["encode_shared_by"] == 2 and r["context_tokens"] > 300
+        assert r["id"] in {row.id for row in rows} and len(r["config_hash"]) == 12
+    assert {r["method_name"] for r in records} == {"reform", "truncate"}
+
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model"] == "tiny" and config["suite"] == "niah" and config["seed"] == 3 and config["rows"] == 4
+    assert [m["name"] for m in config["methods"]] == ["reform", "truncate"]
+    assert config["methods"][1]["options"] == {"recompute_budget": 200}
+    assert {"torch", "transformers", "reform"} <= set(config["versions"]) and config["machine"]["cpus"]
+
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["by_task"] == metrics["by_task"]
+    assert {(c["length"], c["score"], c["n"]) for c in metrics["by_task"]} == {(400, 0.5, 2), (800, 0.5, 2)}
+    assert {(c["length"], c["depth"], c["score"]) for c in metrics["by_depth"]} == \
+        {(400, 0.0, 1.0), (400, 0.5, 0.0), (800, 0.0, 1.0), (800, 0.5, 0.0)}
+    table = (tmp_path / "results.md").read_text()
+    assert "| task | length | reform(" in table and "| niah | 400 | 50.0 | 50.0 |" in table
+    for png in ("heatmap_niah.png", "accuracy_vs_length.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_skips_finished_rows(tmp_path, counts):
+    rows = make_rows()
+    evaluate(rows, tmp_path, counts)
+    first = (tmp_path / "predictions.jsonl").read_text()
+    counts.encode = counts.ask = 0
+    evaluate(rows, tmp_path, counts)
+    assert (counts.encode, counts.ask, counts.load) == (0, 0, 1)       # nothing ran, the model was not even loaded
+    assert (tmp_path / "predictions.jsonl").read_text() == first
+
+    # a run killed mid-way (and mid-line): only the missing rows run again
+    lines = first.splitlines(keepends=True)
+    (tmp_path / "predictions.jsonl").write_text("".join(lines[:5]) + lines[5][:20])
+    evaluate(rows, tmp_path, counts)
+    assert counts.ask == 3 and counts.encode == 2         # rows 6-8 span one context of each method
+    records = read_predictions(tmp_path / "predictions.jsonl")
+    assert len(current_records(records, json.loads((tmp_path / "config.json").read_text()))) == 8
+
+    # other options for a method = another config: its rows run again; --fresh starts over
+    counts.ask = 0
+    evaluate(rows, tmp_path, counts, methods=[("truncate", dict(recompute_budget=150))])
+    assert counts.ask == 4
+    counts.ask = 0
+    evaluate(rows, tmp_path, counts, methods=[TRUNCATE], resume=False)
+    assert counts.ask == 4 and len(read_predictions(tmp_path / "predictions.jsonl")) == 4
+
+
+def test_full_past_the_window_is_skipped_unless_forced(tmp_path, counts):
+    long = Row(context="word " * 120, question="Which word?", answers=["word"], task="niah", length=600,
+               max_new_tokens=2)
+    short = Row(context="word " * 40, question="Which word?", answers=["word"], task="niah", length=200,
+                max_new_tokens=2)
+    metrics = evaluate([long, short], tmp_path, counts, methods=["full"])
+    by_id = {r["id"]: r for r in read_predictions(tmp_path / "predictions.jsonl")}
+    assert by_id[long.id]["status"] == "skipped" and "longer than the model's window" in by_id[long.id]["reason"]
+    assert by_id[long.id]["score"] is None and by_id[short.id]["status"] == "ok"
+    assert counts.ask == 1
+    cell = {c["length"]: c for c in metrics["by_task"]}
+    assert cell[600] == {"task": "niah", "length": 600, "method": "full", "score": None, "n": 0, "skipped": 1,
+                         "errors": 0}
+    assert "| niah | 600 | skipped |" in (tmp_path / "results.md").read_text()
+
+    counts.ask = 0
+    evaluate([long, short], tmp_path, counts, methods=["full"])        # resumed: the skip is final
+    assert counts.ask == 0
+    metrics = evaluate([long, short], tmp_path, counts, methods=["full"], force_over_window=True)
+    assert counts.ask == 1
+    assert {c["length"]: c["n"] for c in metrics["by_task"]} == {200: 1, 600: 1}
+
+
+def record(method, task, length, score, depth=None, status="ok", sample=0, **extra):
+    return {"id": f"{task}-{length}-{depth}-{sample}", "task": task, "length": length, "depth": depth,
+            "sample": sample, "method": method, "config_hash": "h", "status": status, "score": score,
+            "stats": {"encode": 2.0, "encode_shared_by": 2, "gather": 0.5, "recompute": 1.0, "generate": 0.5,
+                      "peak_memory_mb": 100 + length / 1000}, **extra}
+
+
+def test_metrics_table_and_plots_from_handmade_predictions(tmp_path):
+    recs = [record("reform", "ruler/a", 8192, 1.0, sample=0), record("reform", "ruler/a", 8192, 0.5, sample=1),
+            record("reform", "ruler/b", 8192, 0.0), record("h2o", "ruler/a", 8192, 0.25),
+            record("h2o", "ruler/b", 8192, None, status="skipped"),
+            record("reform", "ruler/a", 16384, 1.0), record("reform", "ruler/b", 16384, 1.0)]
+    (tmp_path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    m = write_report(tmp_path)
+    assert m["methods"] == ["reform", "h2o"] and m["tasks"] == ["ruler/a", "ruler/b"] and m["lengths"] == [8192, 16384]
+    cells = {(c["task"], c["length"], c["method"]): (c["score"], c["n"], c["skipped"]) for c in m["by_task"]}
+    assert cells[("ruler/a", 8192, "reform")] == (0.75, 2, 0)
+    assert cells[("ruler/b", 8192, "h2o")] == (None, 0, 1)
+    assert m["by_depth"] == []
+    mean = {(c["length"], c["method"]): c["score"] for c in m["by_length"]}
+    assert mean == {(8192, "reform"): 0.375, (8192, "h2o"): 0.25, (16384, "reform"): 1.0}
+    reform = m["by_method"][0]
+    assert reform["n"] == 5 and reform["seconds_per_row"] == 3.0 and reform["peak_memory_mb"] == pytest.approx(116.384)
+    table = (tmp_path / "results.md").read_text()
+    assert "| task | length | reform | h2o |" in table
+    assert "| ruler/a | 8k | 75.0 | 25.0 |" in table and "| ruler/b | 8k | 0.0 | skipped |" in table
+    assert "| ruler/a | 16k | 100.0 | — |" in table and "| **mean over tasks** | 8k | 37.5 | 25.0 |" in table
+    assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 1000
+    assert not list(tmp_path.glob("heatmap_*.png"))                 # no depths, no heat map
+
+
+def test_depth_metrics_and_latest_record_wins(tmp_path):
+    recs = [record("reform", "niah", 4096, 0.0, depth=0.5), record("reform", "niah", 4096, 1.0, depth=0.5),
+            record("reform", "niah", 4096, 1.0, depth=0.0), record("reform", "niah", 8192, 0.0, depth=0.0)]
+    m = aggregate(current_records(recs, None))
+    assert [(c["length"], c["depth"], c["score"]) for c in m["by_depth"]] == \
+        [(4096, 0.0, 1.0), (4096, 0.5, 1.0), (8192, 0.0, 0.0)]
+    other = {**recs[0], "config_hash": "old", "score": 0.0}
+    kept = current_records([recs[1], other], {"methods": [{"label": "reform", "config_hash": "h"}]})
+    assert kept == [recs[1]]
+
+
+def test_lengths_and_method_specs():
+    assert [parse_length(t) for t in ("8k", "1M", "3000", "1.5k", " 16K ")] == [8192, 1 << 20, 3000, 1536, 16384]
+    assert parse_lengths("16k,8k,8k") == [8192, 16384]
+    for bad in ("8x", "0", "", "k", "-4k"):
+        with pytest.raises(ValueError, match="bad length"):
+            parse_length(bad)
+    spec = MethodSpec.parse("truncate:recompute_budget=512")
+    assert spec == MethodSpec.of(("truncate", {"recompute_budget": 512})) == \
+        MethodSpec.of({"name": "truncate", "recompute_budget": 512})
+    assert spec.label == "truncate(recompute_budget=512)" and spec.config_hash("m") != MethodSpec("truncate").config_hash("m")
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        method_specs(["reform", "nope"])
+    with pytest.raises(ValueError, match="does not take cache_budget"):
+        method_specs(["full:cache_budget=10"])
+    with pytest.raises(ValueError, match="no methods"):
+        method_specs([])
+    with pytest.raises(ValueError, match="listed twice"):
+        method_specs(["h2o", "h2o"])
+    with pytest.raises(ValueError, match="bad method option"):
+        MethodSpec.parse("reform:budget")
+
+
+# ------------------------------------------------------------------ JSONL import
+RULER_INPUT = ("Some special magic numbers are hidden within the following text.\nThe grass is green. "
+               "One of the special magic numbers for apple is: 42.\nWhat is the special magic number for apple "
+               "mentioned in the provided text?")
+
+
+def test_jsonl_our_format_round_trips(tmp_path):
+    rows = make_rows()
+    write_rows(tmp_path / "rows.jsonl", rows)
+    assert read_rows(tmp_path / "rows.jsonl") == rows
+    assert [r.max_new_tokens for r in read_rows(tmp_path / "rows.jsonl", max_new_tokens=9)] == [9] * 4
+
+
+def test_jsonl_ruler_rows(tmp_path):
+    folder = tmp_path / "niah_single_1"
+    folder.mkdir()
+    row = {"index": 3, "input": RULER_INPUT + " Answer: The special magic number for apple is",
+           "outputs": ["42"], "length": 4000, "answer_prefix": " Answer: The special magic number for apple is"}
+    (folder / "validation.jsonl").write_text(json.dumps(row) + "\n\n")
+    [r] = read_rows(folder / "validation.jsonl")
+    assert r.task == "ruler/niah_single_1" and r.length == 4000 and r.sample == 3 and r.answers == ["42"]
+    assert r.question == "What is the special magic number for apple mentioned in the provided text?"
+    assert r.context.endswith("is: 42.") and r.answer_prefix == "Answer: The special magic number for apple is"
+    assert r.max_new_tokens == 64
+    context, question = split_question("docs\nQuestion: who?\nmore of it", "Question:")
+    assert (context, question) == ("docs", "Question: who?\nmore of it")
+
+
+@pytest.mark.parametrize("lines,msg", [
+    (['{"context": "c", "question": "q", "answers": ["a"], "task": "t"}', "{not json"], "line 2: not valid JSON"),
+    (['{"context": "c", "answers": ["a"], "task": "t"}'], "line 1: row is missing question"),
+    (['[1, 2]'], "line 1: a row must be a JSON object"),
+    (['{"context": "c", "question": "q", "answers": ["a"], "task": "t", "colour": 1}'], "unknown field(s) colour"),
+    (['{"context": "c", "question": " ", "answers": ["a"], "task": "t"}'], "'question' must be a non-empty"),
+    (['{"context": "c", "question": "q", "answers": ["a"], "task": "t", "depth": 3}'], "'depth' must be"),
+    (['{"context": "c", "question": "q", "answers": [], "task": "t"}'], "'answers' is empty"),
+    (['{"context": "c", "question": "q", "answers": [1], "task": "t"}'], "must be a list of strings"),
+    (['{"input": "no line break", "outputs": ["x"]}'], "line 1: 'input' has no line break"),
+    (['{"input": "a\\nb", "outputs": 5}'], "RULER rows need"),
+    (["", "  "], "holds no rows"),
+])
+def test_jsonl_errors_name_the_line(tmp_path, lines, msg):
+    p = tmp_path / "rows.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RowFileError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        read_rows(p)
+
+
+# ------------------------------------------------------------------ CLI
+cli = CliRunner()
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the model must not be loaded for bad input")
+    monkeypatch.setattr("reform.model.load_model", refuse)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["niah", "--methods", "reform,nope"], "unknown method 'nope'"),
+    (["niah", "--methods", " , "], "no methods given"),
+    (["ruler", "--methods", "full:cache_budget=10"], "does not take cache_budget"),
+    (["babilong", "--lengths", "8k,12q"], "bad length '12q'"),
+    (["niah", "--lengths", ","], "no lengths given"),
+    (["niah", "--depths", "0.5,2"], "outside 0..1"),
+    (["niah", "--depths", "half"], "bad depth 'half'"),
+    (["niah", "--haystack", "/no/such/dir"], "haystack folder not found"),
+    (["niah", "--model", "/no/such/model.gguf"], "GGUF file not found"),
+    (["jsonl", "/no/such/rows.jsonl"], "file not found"),
+    (["report", "/no/such/run"], "folder not found"),
+])
+def test_cli_bad_input_exits_before_loading(args, msg, no_model, tmp_path):
+    r = cli.invoke(app, ["eval", *args] + (["--out", str(tmp_path / "o")] if args[0] != "report" else []))
+    assert r.exit_code == 2 and msg in r.output and r.output.count("\n") == 1, r.output
+
+
+def test_cli_unwritable_out_and_unknown_suite(no_model, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = cli.invoke(app, ["eval", "niah", "--out", str(blocker / "sub")])
+    assert r.exit_code == 2 and "cannot write to output folder" in r.output
+    r = cli.invoke(app, ["eval", "niah", "--out", str(blocker)])
+    assert r.exit_code == 2 and "is a file" in r.output
+    r = cli.invoke(app, ["eval", "nosuite"])
+    assert r.exit_code == 2 and "No such command" in r.output
+    (tmp_path / "empty").mkdir()
+    r = cli.invoke(app, ["eval", "report", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and "no predictions.jsonl" in r.output
+
+
+def test_cli_jsonl_bad_line(no_model, tmp_path):
+    p = tmp_path / "rows.jsonl"
+    write_rows(p, make_rows()[:1])
+    p.write_text(p.read_text() + '{"question": "q"}\n')
+    r = cli.invoke(app, ["eval", "jsonl", str(p), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "rows.jsonl line 2: row is missing context" in r.output
+
+
+def test_cli_jsonl_runs_and_report_regenerates(tmp_path, monkeypatch):
+    monkeypatch.setattr("reform.model.load_model", lambda *a, **k: LoadedModel(tiny(), CharTokenizer(), "tiny"))
+    monkeypatch.setattr(runner_mod, "default_scorer", lambda: fake_score)
+    p = tmp_path / "rows.jsonl"
+    write_rows(p, make_rows())
+    out = tmp_path / "run"
+    r = cli.invoke(app, ["eval", "jsonl", str(p), "--methods", "truncate:recompute_budget=200", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "| niah | 400 | 50.0 |" in r.output
+    assert len(read_predictions(out / "predictions.jsonl")) == 4
+    metrics = json.loads((out / "metrics.json").read_text())
+    for name in ("metrics.json", "results.md", "heatmap_niah.png", "accuracy_vs_length.png"):
+        (out / name).unlink()
+    r = cli.invoke(app, ["eval", "report", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "metrics.json").read_text())["by_task"] == metrics["by_task"]
+    assert (out / "heatmap_niah.png").exists() and (out / "accuracy_vs_length.png").exists()
