@@ -258,6 +258,7 @@ def test_jsonl_ruler_rows(tmp_path):
     (['{"input": "no line break", "outputs": ["x"]}'], "line 1: 'input' has no line break"),
     (['{"input": "a\\nb", "outputs": 5}'], "RULER rows need"),
     (["", "  "], "holds no rows"),
+    (['{"context": "c", "question": "q", "answers": ["a"], "task": "t"}'] * 2, "line 2: the row repeats line 1"),
 ])
 def test_jsonl_errors_name_the_line(tmp_path, lines, msg):
     p = tmp_path / "rows.jsonl"

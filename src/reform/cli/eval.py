@@ -3,6 +3,7 @@ methods on one model, resumably; ``reform eval report DIR`` redraws the tables a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +30,15 @@ SUITES_HELP = {
     "ruler": "RULER-style synthetic tasks: needles, multi-key/value/query, variable tracking, word extraction.",
     "babilong": "BABILong-style reasoning: bAbI qa1-qa5 facts scattered through a natural-text haystack.",
 }
+
+
+@contextmanager
+def refused(*errors: type[Exception]):
+    """Turn the library's ``ValueError`` (and ``errors``) into a one-line ``CliError``."""
+    try:
+        yield
+    except (ValueError, *errors) as e:
+        raise CliError(str(e)) from None
 
 
 def _split(text: str | None) -> list[str]:
@@ -82,32 +92,32 @@ def check_methods(text: str) -> list:
 
 def check_out(path: Path):
     from ..eval.runner import prepare_out_dir
-    try:
+    with refused():
         return prepare_out_dir(path)
-    except ValueError as e:
-        raise CliError(str(e)) from None
 
 
 def load(model: str | None, device: str | None, dtype: str | None):
-    from ..model import ModelLoadError, load_model, resolve
-    try:
+    from ..model import load_model, resolve
+    with refused():             # ModelLoadError is a ValueError
         resolve(model)          # a missing path fails here, before anything heavy
         return load_model(model, device=device, dtype=dtype)
-    except ModelLoadError as e:
-        raise CliError(str(e)) from None
 
 
-def run(rows, specs, out_dir: Path, loaded, *, meta: dict, max_rows: int | None, force: bool, fresh: bool):
-    """Run the rows, then print the results table and where everything was written."""
+def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, meta: dict, max_rows: int | None,
+             force: bool, fresh: bool):
+    """Check the methods and the output folder, load the model, build the rows (``rows_for(tokenizer)``),
+    run them, then print the results table and where everything was written."""
     from ..engine.core import UnsupportedModelError
     from ..eval.runner import RESULTS, run_eval
-    rows = rows[:max_rows] if max_rows else rows
-    try:
-        metrics = run_eval(rows, methods=specs, out_dir=out_dir, model=loaded.model, tokenizer=loaded.tokenizer,
-                           model_name=loaded.name, progress=True, console=err, resume=not fresh,
-                           force_over_window=force, meta={**meta, "max_rows": max_rows})
-    except (UnsupportedModelError, ValueError) as e:
-        raise CliError(str(e)) from None
+    specs = check_methods(methods)
+    out_dir = check_out(out_dir)
+    loaded = load(model, device, dtype)
+    with refused(UnsupportedModelError):
+        rows = rows_for(loaded.tokenizer)
+        metrics = run_eval(rows[:max_rows] if max_rows else rows, methods=specs, out_dir=out_dir,
+                           model=loaded.model, tokenizer=loaded.tokenizer, model_name=loaded.name, progress=True,
+                           console=err, resume=not fresh, force_over_window=force,
+                           meta={**meta, "max_rows": max_rows})
     show(out_dir / RESULTS, metrics)
 
 
@@ -133,26 +143,21 @@ def suite_command(suite: str):
                 model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
         from ..eval.runner import parse_lengths
         try:
-            specs = check_methods(methods)
-            try:
+            with refused():
                 length_list = parse_lengths(lengths)
-            except ValueError as e:
-                raise CliError(str(e)) from None
             depth_list = parse_depths(depths)
             task_list = check_tasks(suite, tasks)
             if haystack is not None and not haystack.is_dir():
                 raise CliError(f"haystack folder not found: {haystack}")
-            out_path = check_out(out_dir or Path(f"runs/eval-{suite}"))
-            loaded = load(model, device, dtype)
-            from ..eval.tasks import make_rows
-            try:
-                rows = make_rows(suite, loaded.tokenizer, length_list, samples, seed=seed, haystack_dir=haystack,
+
+            def rows_for(tokenizer):
+                from ..eval.tasks import make_rows
+                return make_rows(suite, tokenizer, length_list, samples, seed=seed, haystack_dir=haystack,
                                  depths=depth_list, tasks=task_list)
-            except ValueError as e:
-                raise CliError(str(e)) from None
             meta = {"suite": suite, "tasks": task_list, "lengths": length_list, "samples": samples, "seed": seed,
                     "depths": depth_list, "haystack": str(haystack) if haystack else None}
-            run(rows, specs, out_path, loaded, meta=meta, max_rows=max_rows, force=force, fresh=fresh)
+            evaluate(methods, out_dir or Path(f"runs/eval-{suite}"), model, device, dtype, rows_for=rows_for,
+                     meta=meta, max_rows=max_rows, force=force, fresh=fresh)
         except CliError as e:
             fail(e)
 
@@ -181,15 +186,10 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
     """Run every row of FILE (each line validated first) through the methods."""
     from ..eval.jsonl import read_rows
     try:
-        specs = check_methods(methods)
-        try:
+        with refused():
             rows = read_rows(file, question_split=question_split, task=task, max_new_tokens=max_new_tokens)
-        except ValueError as e:
-            raise CliError(str(e)) from None
-        out_path = check_out(out_dir or Path(f"runs/eval-{file.stem}"))
-        loaded = load(model, device, dtype)
-        run(rows, specs, out_path, loaded, meta={"suite": "jsonl", "source": str(file)}, max_rows=max_rows,
-            force=force, fresh=fresh)
+        evaluate(methods, out_dir or Path(f"runs/eval-{file.stem}"), model, device, dtype, rows_for=lambda _: rows,
+                 meta={"suite": "jsonl", "source": str(file)}, max_rows=max_rows, force=force, fresh=fresh)
     except CliError as e:
         fail(e)
 

@@ -90,7 +90,7 @@ def read_rows(path: str | Path, *, question_split: str | None = None, task: str 
     path = Path(path)
     if not path.is_file():
         raise RowFileError(f"file not found: {path}" if not path.exists() else f"{path} is not a file")
-    rows = []
+    rows, seen = [], {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
@@ -109,6 +109,10 @@ def read_rows(path: str | Path, *, question_split: str | None = None, task: str 
                 if max_new_tokens:
                     row.max_new_tokens = max_new_tokens
             rows.append(check_row(row))
+            if row.id in seen:
+                raise ValueError(f"the row repeats line {seen[row.id]} (same task, length, depth, sample, question "
+                                 "and context); give repeats another 'sample'")
+            seen[row.id] = number
         except json.JSONDecodeError as e:
             raise RowFileError(f"{path} line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
         except (ValueError, TypeError) as e:
