@@ -287,6 +287,8 @@ def no_model(monkeypatch):
     (["niah", "--depths", "0.5,2"], "outside 0..1"),
     (["niah", "--depths", "half"], "bad depth 'half'"),
     (["niah", "--haystack", "/no/such/dir"], "haystack folder not found"),
+    (["ruler", "--tasks", "vt,ruler/cwe,nope"], "unknown ruler task 'nope'; choose from: niah_single_1"),
+    (["babilong", "--tasks", ","], "no tasks given; choose from: qa1"),
     (["niah", "--model", "/no/such/model.gguf"], "GGUF file not found"),
     (["jsonl", "/no/such/rows.jsonl"], "file not found"),
     (["report", "/no/such/run"], "folder not found"),
@@ -335,3 +337,13 @@ def test_cli_jsonl_runs_and_report_regenerates(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert json.loads((out / "metrics.json").read_text())["by_task"] == metrics["by_task"]
     assert (out / "heatmap_niah.png").exists() and (out / "accuracy_vs_length.png").exists()
+
+
+def test_generated_niah_rows_with_the_default_scorer(tmp_path, counts):
+    from reform.eval.tasks import make_rows as generate
+    rows = generate("niah", CharTokenizer(), [300, 400], 1, depths=[0.0, 1.0])
+    metrics = run_eval(rows, methods=[TRUNCATE], out_dir=tmp_path, model_name="tiny", loader=counts.loader)
+    records = read_predictions(tmp_path / "predictions.jsonl")
+    assert len(records) == 4 and all(r["meta"]["metric"] == "contains" and r["score"] in (0.0, 1.0) for r in records)
+    assert {(c["length"], c["depth"]) for c in metrics["by_depth"]} == {(300, 0.0), (300, 1.0), (400, 0.0), (400, 1.0)}
+    assert (tmp_path / "heatmap_niah.png").exists()

@@ -63,19 +63,15 @@ def parse_depths(text: str | None) -> list[float] | None:
 
 
 def check_tasks(suite: str, text: str | None) -> list[str] | None:
-    """The requested tasks, by their names in the suite (``niah_single_1`` or ``ruler/niah_single_1``)."""
+    """The requested tasks by their names in the suite (``vt`` and ``ruler/vt`` both name ``vt``)."""
     if text is None:
         return None
     from ..eval.tasks import suite_tasks
-    known = list(suite_tasks(suite))
-    tasks = []
-    for t in _split(text):
-        match = next((k for k in known if k in (t, f"{suite}/{t}")), None)
-        if match is None:
-            raise CliError(f"unknown {suite} task '{t}'; choose from: {', '.join(known)}")
-        tasks.append(match)
-    if not tasks:
-        raise CliError(f"no tasks given; choose from: {', '.join(known)}")
+    known = suite_tasks(suite)
+    tasks = [t.removeprefix(f"{suite}/") for t in _split(text)]
+    if not tasks or (unknown := [t for t in tasks if t not in known]):
+        what = f"unknown {suite} task '{unknown[0]}'" if tasks else "no tasks given"
+        raise CliError(f"{what}; choose from: {', '.join(known)}")
     return tasks
 
 

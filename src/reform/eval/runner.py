@@ -192,7 +192,7 @@ def record_for(row: Row, spec: MethodSpec, config_hash: str, status: str, **fiel
     return {"id": row.id, "task": row.task, "length": row.length, "depth": row.depth, "sample": row.sample,
             "method": spec.label, "method_name": spec.name, "config_hash": config_hash, "status": status,
             "question": row.question, "answer_prefix": row.answer_prefix, "answers": row.answers,
-            "prediction": None, "score": None, **fields}
+            "meta": row.meta, "prediction": None, "score": None, **fields}
 
 
 # ---------------------------------------------------------------- answering
