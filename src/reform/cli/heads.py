@@ -141,3 +141,40 @@ def evaluate(preset: Optional[Path] = typer.Argument(None, help="preset JSON (de
     for name, r in res.items():
         t.add_row(name, ",".join(map(str, sets[name])), *[f"{v:.4f}" for v in r.values()])
     console.print(t)
+
+
+@app.command("select-layer")
+def select_layer(samples: int = typer.Option(6, "--samples", min=1, help="passkey samples (depths and key lengths "
+                                             "cycle over them)"),
+                 length: Optional[int] = typer.Option(None, "--length", help="tokens per sample (default: window-512)"),
+                 budget: int = typer.Option(1024, "--budget", min=1, help="tokens ILRe selects (the paper's 1024)"),
+                 seed: int = typer.Option(0, "--seed"),
+                 out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the result JSON here"),
+                 as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+                 model: Optional[str] = typer.Option(None, "--model", "-m"),
+                 device: Optional[str] = typer.Option(None, "--device"),
+                 dtype: Optional[str] = typer.Option(None, "--dtype")):
+    """ILRe's retrieval layer: passkey recall of every layer, the smallest with the highest recall (ILRe §3.2)."""
+    from ..heads.layer_select import select_layer as sweep
+    pipe = _load(model, device, dtype)
+    try:
+        with _progress(samples, "passkey samples") as bar:
+            task = bar.add_task("x", total=samples)
+            result = sweep(pipe, samples=samples, length=length, budget=budget, seed=seed,
+                           progress=lambda n: bar.advance(task, n))
+    except ValueError as e:
+        _fail(str(e))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+    if as_json:
+        print(json.dumps(result))
+        return
+    t = Table(title=f"passkey recall per layer ({samples} samples of {result['length']} tokens, budget {budget})")
+    for col in ("layer", "recall", "all of the passkey"):
+        t.add_column(col)
+    for i, (r, e) in enumerate(zip(result["recall"], result["exact"])):
+        t.add_row(str(i), f"{r:.4f}", f"{e:.2f}", style="bold" if i == result["retrieval_layer"] else None)
+    console.print(t)
+    console.print(f"retrieval layer: {result['retrieval_layer']} (0-based) in {result['seconds']} s; ship it as "
+                  "\"retrieval_layer\" in the model preset's defaults or pass retrieval_layer=N")
