@@ -92,6 +92,7 @@ def test_predictions_schema_outputs_and_encode_once_per_context(tmp_path, counts
     assert config["model"] == "tiny" and config["suite"] == "niah" and config["seed"] == 3 and config["rows"] == 4
     assert [m["name"] for m in config["methods"]] == ["reform", "truncate"]
     assert config["methods"][1]["options"] == {"recompute_budget": 200}
+    assert config["methods"][1]["resolved"]["recompute_budget"] == 200 and config["methods"][1]["resolved"]["keep_first"]
     assert {"torch", "transformers", "reform"} <= set(config["versions"]) and config["machine"]["cpus"]
 
     saved = json.loads((tmp_path / "metrics.json").read_text())
@@ -101,6 +102,7 @@ def test_predictions_schema_outputs_and_encode_once_per_context(tmp_path, counts
         {(400, 0.0, 1.0), (400, 0.5, 0.0), (800, 0.0, 1.0), (800, 0.5, 0.0)}
     table = (tmp_path / "results.md").read_text()
     assert "| task | length | reform(" in table and "| niah | 400 | 50.0 | 50.0 |" in table
+    assert "| method | depth | 400 | 800 |" in table and "| truncate(recompute_budget=200) | 50% | 0.0 | 0.0 |" in table
     for png in ("heatmap_niah.png", "accuracy_vs_length.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -55,7 +55,8 @@ def depth_heat_maps(metrics: dict, out_dir: str | Path) -> list[Path]:
         axes[0][0].set_ylabel("depth")
         fig.colorbar(im, ax=axes[0].tolist(), label="score (%)", shrink=0.9,
                      format=lambda x, _: f"{100 * x:.0f}")
-        fig.suptitle(f"{task}: score by depth and length{' — ' + metrics['model'] if metrics.get('model') else ''}")
+        fig.suptitle(f"{task}: score (%) by needle depth and context length; grey: not run"
+                     f"{' — ' + metrics['model'] if metrics.get('model') else ''}", y=1.04)
         paths.append(_save(fig, out_dir / f"heatmap_{slug(task)}.png"))
     return paths
 

@@ -22,7 +22,7 @@ import time
 import warnings
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -188,11 +188,11 @@ def finished(record: dict, force_over_window: bool) -> bool:
     return record.get("status") == "ok" or (record.get("status") == "skipped" and not force_over_window)
 
 
-def record_for(row: Row, spec: MethodSpec, config_hash: str, status: str, **fields) -> dict:
+def record_for(row: Row, spec: MethodSpec, config_hash: str, status: str, **extra) -> dict:
     return {"id": row.id, "task": row.task, "length": row.length, "depth": row.depth, "sample": row.sample,
             "method": spec.label, "method_name": spec.name, "config_hash": config_hash, "status": status,
             "question": row.question, "answer_prefix": row.answer_prefix, "answers": row.answers,
-            "meta": row.meta, "prediction": None, "score": None, **fields}
+            "meta": row.meta, "prediction": None, "score": None, **extra}
 
 
 # ---------------------------------------------------------------- answering
@@ -204,9 +204,18 @@ def group_by_context(rows: Iterable[Row]) -> list[list[Row]]:
     return list(groups.values())
 
 
+def reset_peak_memory() -> None:
+    """Measure each context's peak memory afresh where ``stats`` can reset the high-water mark."""
+    from .. import stats
+    if hasattr(stats, "reset_peak_memory"):
+        stats.reset_peak_memory()
+
+
 def answer_group(pipe, rows: list[Row], force_over_window: bool) -> Iterator[tuple[Row, str, dict]]:
-    """Encode the rows' shared context once and ask every row's question: yields (row, status, fields)."""
+    """Encode the rows' shared context once and ask every row's question: yields (row, status, record
+    fields)."""
     from ..methods.full import PastWindowWarning
+    reset_peak_memory()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore" if force_over_window else "error", PastWindowWarning)
@@ -227,6 +236,11 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool) -> Iterator[tup
         stats = {**ans.stats, "encode_shared_by": len(rows)}
         yield row, "ok", {"prediction": ans.text, "context_tokens": int(ctx.ids.shape[0]),
                           "input_tokens": ans.input_tokens, "stats": stats}
+
+
+def resolved_options(method) -> dict | None:
+    config = method.config
+    return {f.name: getattr(config, f.name) for f in fields(config)} if is_dataclass(config) else None
 
 
 def versions() -> dict:
@@ -321,6 +335,9 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
             model, tokenizer = loaded.model, loaded.tokenizer
         pipes = {s.label: Pipeline(model, tokenizer, model_name=model_name, method=s.name,
                                    use_chat_template=use_chat_template, **dict(s.options)) for s in specs}
+        for entry in config["methods"]:     # the options every default resolved to, for the record
+            entry["resolved"] = resolved_options(pipes[entry["label"]].method)
+        (out / CONFIG).write_text(json.dumps(config, indent=1, default=str))
         with open(pred_path, "a", encoding="utf-8") as sink, progress_bar(progress, console) as bar:
             task = bar.add_task("starting", total=plan.total) if bar is not None else None
             for group in group_by_context(rows):
@@ -330,10 +347,10 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                         continue
                     if bar is not None:
                         bar.update(task, description=f"{spec.label} · {format_length(todo[0].length)}")
-                    for row, status, fields in answer_group(pipes[spec.label], todo, force_over_window):
+                    for row, status, extra in answer_group(pipes[spec.label], todo, force_over_window):
                         if status == "ok":
-                            fields["score"] = float(scorer(row, fields["prediction"]))
-                        record = record_for(row, spec, hashes[spec.label], status, **fields)
+                            extra["score"] = float(scorer(row, extra["prediction"]))
+                        record = record_for(row, spec, hashes[spec.label], status, **extra)
                         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                         sink.flush()
                         if bar is not None:
@@ -427,11 +444,11 @@ def markdown(metrics: dict, model: str = "") -> str:
     tasks that have depths, and time and memory per method."""
     methods, by_task = metrics["methods"], metrics["by_task"]
     cell = {(c["task"], c["length"], c["method"]): c for c in by_task}
-    counts = {c["n"] for c in by_task}
+    counts = {c["n"] for c in by_task if c["n"]}
     lines = [f"# Evaluation results{f': {model}' if model else ''}", "",
              "Scores are the mean per-row score in % (NIAH/BABILong: answer contains the gold string; "
              "RULER-style: fraction of gold strings present)."
-             + (f" {counts.pop()} rows per cell." if len(counts) == 1 else " Rows per cell are in metrics.json."), ""]
+             + (f" Rows per cell: {counts.pop()}." if len(counts) == 1 else " Rows per cell are in metrics.json."), ""]
     body = [[task, format_length(length), *(_percent(cell.get((task, length, m))) for m in methods)]
             for task in metrics["tasks"] for length in metrics["lengths"] if any((task, length, m) in cell for m in methods)]
     if len(metrics["tasks"]) > 1:
@@ -440,15 +457,13 @@ def markdown(metrics: dict, model: str = "") -> str:
                   *(f"{100 * avg[(length, m)]['score']:.1f}" if (length, m) in avg else "—" for m in methods)]
                  for length in metrics["lengths"]]
     lines += _table(["task", "length", *methods], body)
-    depth_tasks = _ordered(c["task"] for c in metrics["by_depth"])
-    for task in depth_tasks:
-        depth = {(c["method"], c["length"], c["depth"]): c for c in metrics["by_depth"] if c["task"] == task}
-        depths = sorted({k[2] for k in depth})
-        lengths = sorted({k[1] for k in depth})
+    for task in _ordered(c["task"] for c in metrics["by_depth"]):
+        depth = {(c["method"], c["depth"], c["length"]): c for c in metrics["by_depth"] if c["task"] == task}
+        lengths = sorted({k[2] for k in depth})
+        pairs = sorted({k[:2] for k in depth}, key=lambda k: (methods.index(k[0]), k[1]))
         lines += ["", f"## {task}: score (%) by depth", ""]
-        header = ["depth", *(f"{m} {format_length(n)}" for m in methods for n in lengths)]
-        lines += _table(header, [[f"{d:.0%}", *(_percent(depth.get((m, n, d))) for m in methods for n in lengths)]
-                                 for d in depths])
+        lines += _table(["method", "depth", *map(format_length, lengths)],
+                        [[m, f"{d:.0%}", *(_percent(depth.get((m, d, n))) for n in lengths)] for m, d in pairs])
     lines += ["", "## Time and memory per method", ""]
     lines += _table(["method", "rows answered", "skipped", "errors", "seconds per row", "peak memory (MB)"],
                     [[m["method"], str(m["n"]), str(m["skipped"]), str(m["errors"]),
