@@ -1,0 +1,65 @@
+"""Scorers: ``score(row, prediction)`` in 0..1, chosen by ``row.meta["metric"]``.
+
+* ``string_match_all`` (RULER ``scripts/eval/synthetic/constants.py``): the fraction of gold strings that
+  occur in the prediction, case-insensitive substring match. The default for rows without a metric.
+* ``string_match_part`` (RULER's QA metric): 1 if any gold string occurs in the prediction.
+* ``contains`` (NIAH): 1 if a gold string (the needle's value) occurs in the prediction, case-insensitive.
+* ``babilong`` (BABILong ``babilong/metrics.py::compare_answers``): only the prediction's first sentence
+  counts (text after ``<context>``, ``<example>`` or ``Question`` is cut off too); the task's labels
+  (``row.meta["labels"]``, e.g. the six locations) that appear in it, less those named in the question,
+  must be exactly the gold label. Labels are matched as whole words (BABILong uses substrings, which
+  lets ``Mary`` match inside ``summary``).
+
+Predictions are cleaned as RULER does: control characters become newlines and the ends are stripped.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..rows import Row
+
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def clean(prediction: str) -> str:
+    return _CONTROL.sub("\n", prediction.strip()).strip()
+
+
+def string_match_all(prediction: str, answers: list[str]) -> float:
+    text = clean(prediction).lower()
+    return sum(a.lower() in text for a in answers) / len(answers) if answers else 0.0
+
+
+def string_match_part(prediction: str, answers: list[str]) -> float:
+    text = clean(prediction).lower()
+    return float(any(a.lower() in text for a in answers))
+
+
+def _words(text: str, labels) -> set[str]:
+    return {lab for lab in labels if re.search(rf"\b{re.escape(lab)}\b", text)}
+
+
+def babilong_match(prediction: str, answer: str, question: str, labels) -> float:
+    text = clean(prediction).lower().split(".")[0]
+    for cut in ("<context>", "<example>", "question"):
+        text = text.split(cut)[0]
+    labels = {lab.lower() for lab in labels} | {answer.lower()}
+    found = _words(text, labels) - _words(question.lower(), labels)
+    return float(found == {answer.lower()})
+
+
+METRICS = ("string_match_all", "string_match_part", "contains", "babilong")
+
+
+def score(row: Row, prediction: str) -> float:
+    """The row's score for ``prediction`` under ``row.meta["metric"]`` (``string_match_all`` if unset)."""
+    metric = row.meta.get("metric", "string_match_all")
+    if metric == "string_match_all":
+        return string_match_all(prediction, row.answers)
+    if metric in ("string_match_part", "contains"):
+        return string_match_part(prediction, row.answers)
+    if metric == "babilong":
+        return max((babilong_match(prediction, a, row.question, row.meta.get("labels", ())) for a in row.answers),
+                   default=0.0)
+    raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
