@@ -156,6 +156,24 @@ def test_full_past_the_window_is_skipped_unless_forced(tmp_path, counts):
     assert {c["length"]: c["n"] for c in metrics["by_task"]} == {200: 1, 600: 1}
 
 
+def test_long_contexts_show_encode_progress(tmp_path, counts, monkeypatch):
+    import io
+
+    from rich.console import Console
+    seen = []
+    encode = Pipeline.encode
+    monkeypatch.setattr(Pipeline, "encode", lambda pipe, text, progress=None: seen.append(progress) or
+                        encode(pipe, text, progress))
+    monkeypatch.setattr(runner_mod.RowProgress, "LONG", 500)
+    rows = [Row(context="word " * 40, question="Which?", answers=["w"], task="t", length=200, max_new_tokens=1),
+            Row(context="word " * 120, question="Which?", answers=["w"], task="t", length=600, max_new_tokens=1)]
+    console = Console(file=io.StringIO(), width=120)
+    evaluate(rows, tmp_path, counts, methods=[("h2o", dict(chunk_size=64, cache_budget=96))], progress=True,
+             console=console)
+    assert seen[0] is None and callable(seen[1])                    # only the long context gets a token bar
+    assert "2/2 rows" in console.file.getvalue()
+
+
 def record(method, task, length, score, depth=None, status="ok", sample=0, **extra):
     return {"id": f"{task}-{length}-{depth}-{sample}", "task": task, "length": length, "depth": depth,
             "sample": sample, "method": method, "config_hash": "h", "status": status, "score": score,
@@ -328,9 +346,13 @@ def test_cli_jsonl_runs_and_report_regenerates(tmp_path, monkeypatch):
     p = tmp_path / "rows.jsonl"
     write_rows(p, make_rows())
     out = tmp_path / "run"
-    r = cli.invoke(app, ["eval", "jsonl", str(p), "--methods", "truncate:recompute_budget=200", "--out", str(out)])
+    args = ["eval", "jsonl", str(p), "--methods", "truncate:recompute_budget=200", "--out", str(out)]
+    r = cli.invoke(app, args + ["--max-rows", "3"])
     assert r.exit_code == 0, r.output
-    assert "| niah | 400 | 50.0 |" in r.output
+    assert "3/3 rows" in r.output and len(read_predictions(out / "predictions.jsonl")) == 3
+    r = cli.invoke(app, args)                                       # resumed: only the fourth row runs
+    assert r.exit_code == 0, r.output
+    assert "1/1 rows" in r.output and "| niah | 400 | 50.0 |" in r.output
     assert len(read_predictions(out / "predictions.jsonl")) == 4
     metrics = json.loads((out / "metrics.json").read_text())
     for name in ("metrics.json", "results.md", "heatmap_niah.png", "accuracy_vs_length.png"):

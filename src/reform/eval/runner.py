@@ -21,7 +21,6 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
-from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -211,15 +210,25 @@ def reset_peak_memory() -> None:
         stats.reset_peak_memory()
 
 
-def answer_group(pipe, rows: list[Row], force_over_window: bool) -> Iterator[tuple[Row, str, dict]]:
-    """Encode the rows' shared context once and ask every row's question: yields (row, status, record
-    fields)."""
+def encode(pipe, text: str, force_over_window: bool, progress: RowProgress):
+    """``pipe.encode(text)``; full attention past the window raises ``PastWindowWarning`` unless forced."""
     from ..methods.full import PastWindowWarning
     reset_peak_memory()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore" if force_over_window else "error", PastWindowWarning)
-            ctx = pipe.encode(rows[0].context)
+            return pipe.encode(text, progress.encoding(pipe, text))
+    finally:
+        progress.encoded()
+
+
+def answer_group(pipe, rows: list[Row], force_over_window: bool,
+                 progress: RowProgress | None = None) -> Iterator[tuple[Row, str, dict]]:
+    """Encode the rows' shared context once and ask every row's question: yields (row, status, record
+    fields)."""
+    from ..methods.full import PastWindowWarning
+    try:
+        ctx = encode(pipe, rows[0].context, force_over_window, progress or RowProgress(False, 0))
     except PastWindowWarning as w:
         reason = f"{w} (not run; force_over_window / --force-over-window runs it)"
         yield from ((row, "skipped", {"reason": reason}) for row in rows)
@@ -268,14 +277,49 @@ def default_scorer() -> Callable[[Row, str], float]:
     return score
 
 
-def progress_bar(enabled: bool, console=None):
-    """A rich progress bar over rows (or a no-op)."""
-    if not enabled:
-        return nullcontext(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+class RowProgress:
+    """A rich bar over rows and, while a long context encodes, one over its tokens; no-ops when disabled."""
+
+    LONG = 16384   # characters: shorter contexts encode in seconds, no token bar
+
+    def __init__(self, enabled: bool, total: int, console=None):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+                TimeRemainingColumn
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                console=console)
+            self.rows = self.bar.add_task("starting", total=total, unit="rows")
+            self.tokens = self.bar.add_task("  encoding", total=1, unit="tokens", visible=False)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.rows, description=text)
+
+    def row_done(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.rows)
+
+    def encoding(self, pipe, text: str) -> Callable[[int], None] | None:
+        """The encode progress callback for ``text`` (None for short contexts or when disabled)."""
+        if self.bar is None or len(text) < self.LONG:
+            return None
+        self.bar.reset(self.tokens, total=pipe.tokenize_context(text).shape[0], visible=True)
+        return lambda n: self.bar.advance(self.tokens, n)
+
+    def encoded(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.tokens, visible=False)
 
 
 @dataclass
@@ -338,23 +382,20 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
         for entry in config["methods"]:     # the options every default resolved to, for the record
             entry["resolved"] = resolved_options(pipes[entry["label"]].method)
         (out / CONFIG).write_text(json.dumps(config, indent=1, default=str))
-        with open(pred_path, "a", encoding="utf-8") as sink, progress_bar(progress, console) as bar:
-            task = bar.add_task("starting", total=plan.total) if bar is not None else None
+        with open(pred_path, "a", encoding="utf-8") as sink, RowProgress(progress, plan.total, console) as bar:
             for group in group_by_context(rows):
                 for spec in specs:
                     todo = [r for r in group if r.id in plan.pending[spec.label]]
                     if not todo:
                         continue
-                    if bar is not None:
-                        bar.update(task, description=f"{spec.label} · {format_length(todo[0].length)}")
-                    for row, status, extra in answer_group(pipes[spec.label], todo, force_over_window):
+                    bar.describe(f"{spec.label} · {format_length(todo[0].length)}")
+                    for row, status, extra in answer_group(pipes[spec.label], todo, force_over_window, bar):
                         if status == "ok":
                             extra["score"] = float(scorer(row, extra["prediction"]))
                         record = record_for(row, spec, hashes[spec.label], status, **extra)
                         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                         sink.flush()
-                        if bar is not None:
-                            bar.advance(task)
+                        bar.row_done()
     return write_report(out, plots=plots)
 
 
