@@ -1,5 +1,8 @@
 """The FLOP counter against a hand count, and the benchmark harness's output schema (tiny model)."""
 
+import json
+
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -44,3 +47,39 @@ def test_flop_counter_agrees_with_torch_on_a_decode_step():
         engine.forward(torch.tensor([5]), cache)
     assert counter.get_total_flops() > 0
     assert engine.flops.counts["linear"] == counter.get_total_flops()
+
+
+def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
+    from types import SimpleNamespace
+
+    from reform.bench.runner import run_bench
+    from reform.eval.runner import method_specs
+
+    loaded = SimpleNamespace(model=tiny("llama"), tokenizer=tokenizer, name="tiny-llama")
+    specs = method_specs([{"name": "reform", "heads": "1:v:0,2:q:3", "chunk_size": 64, "cache_budget": 96,
+                           "recompute_budget": 200}, "h2o:chunk_size=64:cache_budget=96"])
+    result = run_bench(specs, [300, 600], loaded=loaded, out_dir=tmp_path, repeats=2, max_new_tokens=4)
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["lengths"] == [300, 600] and len(saved["runs"]) == 2 * 2 * 2
+    assert saved["machine"]["matmul_flop_per_s"] > 0
+    for run in saved["runs"]:
+        assert set(run["stages_s"]) == {"encode", "gather", "recompute", "generate"}
+        assert run["input_tokens"] > 0 and run["wall_s"] > 0 and run["peak_rss_mb"] > 0
+        assert run["flops"]["linear"] > 0 and 0 < run["flop_efficiency"]
+    reform_runs = [r for r in saved["runs"] if r["method"].startswith("reform")]
+    # REFORM keeps token ids + 2 heads x 16 dims of fp16 embeddings per input token; H2O only the ids
+    assert all(r["context_bytes"]["per_token_state"] == r["input_tokens"] * 2 * 16 * 2 for r in reform_runs)
+    assert {r["method"] for r in saved["summary"]} == {s.label for s in specs}
+    assert all(r["repeats"] == 2 and r["wall_s_min"] <= r["wall_s_median"] for r in saved["summary"])
+    assert {e["method"] for e in saved["scaling"]} == {s.label for s in specs}
+    for name in ("time_vs_length.png", "memory_vs_length.png", "stages.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    assert result["summary"] == saved["summary"]
+
+
+def test_scaling_lengths_double_up_to_the_limit():
+    from reform.cli.bench import scaling_lengths
+    assert scaling_lengths("8k..64k") == [8192, 16384, 32768, 65536]
+    assert scaling_lengths("8k..1M")[-1] == 1024 ** 2
+    with pytest.raises(ValueError):
+        scaling_lengths("64k..8k")

@@ -6,15 +6,35 @@ import resource
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
 
+_STATUS = Path("/proc/self/status")
+
+
 def peak_memory_mb() -> float:
-    """Peak resident memory of this process so far (MB); on CUDA, the peak allocated GPU memory is added."""
+    """Peak resident memory (MB) of this process since start or since the last ``reset_peak_memory``."""
+    if _STATUS.exists():   # Linux: VmHWM, the high-water mark that reset_peak_memory can clear
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mb = rss / 1024 if sys.platform != "darwin" else rss / 2**20   # Linux reports KiB, macOS bytes
     return round(mb, 1)
+
+
+def reset_peak_memory() -> bool:
+    """Start a new peak-memory measurement (the benchmark runs many inputs in one process): clears the
+    RSS high-water mark on Linux (``/proc/self/clear_refs``) and CUDA's peak. False if RSS cannot be reset."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 def peak_cuda_mb() -> float | None:

@@ -68,6 +68,11 @@ class HeadEmbeddings:
         self._span = slice(0, 0)
 
     @property
+    def nbytes(self) -> int:
+        """Memory the stored embeddings take (what REFORM keeps per input token)."""
+        return self.data.numel() * self.data.element_size()
+
+    @property
     def exit_layer(self) -> int:
         """The deepest embedding head's layer (early exit): the encoder runs the layers below it in full
         and of this one only the Q/K/V projections (``Engine.forward(..., qkv_only_next=True)``)."""
