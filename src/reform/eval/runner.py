@@ -21,7 +21,7 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -322,23 +322,9 @@ class RowProgress:
             self.bar.update(self.tokens, visible=False)
 
 
-@dataclass
-class Plan:
-    """Which rows each method still has to answer, grouped by context."""
-
-    specs: list[MethodSpec]
-    hashes: dict[str, str]
-    pending: dict[str, set[str]] = field(default_factory=dict)   # label -> row ids to run
-    total: int = 0
-
-    @classmethod
-    def make(cls, rows: list[Row], specs: list[MethodSpec], hashes: dict[str, str], done: set) -> "Plan":
-        plan = cls(specs, hashes)
-        for spec in specs:
-            ids = {r.id for r in rows if (spec.label, hashes[spec.label], r.id) not in done}
-            plan.pending[spec.label] = ids
-            plan.total += len(ids)
-        return plan
+def pending(rows: list[Row], hashes: dict[str, str], done: set) -> dict[str, set[str]]:
+    """The ids of the rows each method (by label) still has to answer."""
+    return {label: {r.id for r in rows if (label, h, r.id) not in done} for label, h in hashes.items()}
 
 
 def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_name: str, model=None,
@@ -367,13 +353,14 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
     hashes = {s.label: s.config_hash(model_name, use_chat_template) for s in specs}
     done = {(r["method"], r.get("config_hash"), r["id"]) for r in read_predictions(pred_path)
             if finished(r, force_over_window)}
-    plan = Plan.make(rows, specs, hashes, done)
+    todo = pending(rows, hashes, done)
+    total = sum(map(len, todo.values()))
     config = {"model": model_name, "methods": [s.to_json(model_name, use_chat_template) for s in specs],
               **(meta or {}), "rows": len(rows), "force_over_window": force_over_window,
               "chat_template": use_chat_template, "versions": versions(), "machine": machine(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (out / CONFIG).write_text(json.dumps(config, indent=1))
-    if plan.total:
+    if total:
         if model is None:
             loaded = loader()
             model, tokenizer = loaded.model, loaded.tokenizer
@@ -382,14 +369,14 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
         for entry in config["methods"]:     # the options every default resolved to, for the record
             entry["resolved"] = resolved_options(pipes[entry["label"]].method)
         (out / CONFIG).write_text(json.dumps(config, indent=1, default=str))
-        with open(pred_path, "a", encoding="utf-8") as sink, RowProgress(progress, plan.total, console) as bar:
+        with open(pred_path, "a", encoding="utf-8") as sink, RowProgress(progress, total, console) as bar:
             for group in group_by_context(rows):
                 for spec in specs:
-                    todo = [r for r in group if r.id in plan.pending[spec.label]]
-                    if not todo:
+                    group_todo = [r for r in group if r.id in todo[spec.label]]
+                    if not group_todo:
                         continue
-                    bar.describe(f"{spec.label} · {format_length(todo[0].length)}")
-                    for row, status, extra in answer_group(pipes[spec.label], todo, force_over_window, bar):
+                    bar.describe(f"{spec.label} · {format_length(group_todo[0].length)}")
+                    for row, status, extra in answer_group(pipes[spec.label], group_todo, force_over_window, bar):
                         if status == "ok":
                             extra["score"] = float(scorer(row, extra["prediction"]))
                         record = record_for(row, spec, hashes[spec.label], status, **extra)
