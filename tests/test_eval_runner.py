@@ -93,7 +93,7 @@ def test_predictions_schema_outputs_and_encode_once_per_context(tmp_path, counts
     assert [m["name"] for m in config["methods"]] == ["reform", "truncate"]
     assert config["methods"][1]["options"] == {"recompute_budget": 200}
     assert config["methods"][1]["resolved"]["recompute_budget"] == 200 and config["methods"][1]["resolved"]["keep_first"]
-    assert {"torch", "transformers", "reform"} <= set(config["versions"]) and config["machine"]["cpus"]
+    assert {"torch", "transformers", "reform"} <= set(config["versions"]) and config["machine"]["cpu_cores"]
 
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["by_task"] == metrics["by_task"]

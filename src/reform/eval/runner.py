@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 import re
 import tempfile
 import time
@@ -203,17 +201,11 @@ def group_by_context(rows: Iterable[Row]) -> list[list[Row]]:
     return list(groups.values())
 
 
-def reset_peak_memory() -> None:
-    """Measure each context's peak memory afresh where ``stats`` can reset the high-water mark."""
-    from .. import stats
-    if hasattr(stats, "reset_peak_memory"):
-        stats.reset_peak_memory()
-
-
 def encode(pipe, text: str, force_over_window: bool, progress: RowProgress):
     """``pipe.encode(text)``; full attention past the window raises ``PastWindowWarning`` unless forced."""
     from ..methods.full import PastWindowWarning
-    reset_peak_memory()
+    from ..stats import reset_peak_memory
+    reset_peak_memory()                         # each context's peak memory is its own
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore" if force_over_window else "error", PastWindowWarning)
@@ -263,13 +255,12 @@ def versions() -> dict:
             "transformers": transformers.__version__}
 
 
-def machine() -> dict:
+def machine(model) -> dict:
+    """The machine (CPU, cores, threads, GPU) the model runs on; CPU until a model is loaded."""
     import torch
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
-    if torch.cuda.is_available():
-        info["cuda"] = torch.cuda.get_device_name(0)
-    return info
+
+    from ..bench.machine import machine_info
+    return machine_info(next(model.parameters()).device if model is not None else torch.device("cpu"))
 
 
 def default_scorer() -> Callable[[Row, str], float]:
@@ -357,7 +348,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
     total = sum(map(len, todo.values()))
     config = {"model": model_name, "methods": [s.to_json(model_name, use_chat_template) for s in specs],
               **(meta or {}), "rows": len(rows), "force_over_window": force_over_window,
-              "chat_template": use_chat_template, "versions": versions(), "machine": machine(),
+              "chat_template": use_chat_template, "versions": versions(), "machine": machine(model),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (out / CONFIG).write_text(json.dumps(config, indent=1))
     if total:
@@ -368,6 +359,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                                    use_chat_template=use_chat_template, **dict(s.options)) for s in specs}
         for entry in config["methods"]:     # the options every default resolved to, for the record
             entry["resolved"] = resolved_options(pipes[entry["label"]].method)
+        config["machine"] = machine(model)
         (out / CONFIG).write_text(json.dumps(config, indent=1, default=str))
         with open(pred_path, "a", encoding="utf-8") as sink, RowProgress(progress, total, console) as bar:
             for group in group_by_context(rows):
