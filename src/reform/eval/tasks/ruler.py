@@ -189,7 +189,8 @@ def _cwe(tok, length: int, rng) -> Row:
         n_uncommon = len(vocab) - n_common
         if cost(n_uncommon) >= budget:
             break
-        words_needed = int(words_needed * 2 * budget / cost(n_uncommon)) + 64
+        per_word = (cost(n_uncommon) - cost(0)) / n_uncommon
+        words_needed = n_common + int((budget - cost(0)) / per_word * 1.1) + 64
     lo, hi = 0, n_uncommon  # largest number of uncommon words that fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -211,7 +212,7 @@ class _EntryCost:
         self.fixed_entries = n_common * freq_cw
         self.common = freq_cw * float(word_counts[:n_common].sum())
         self.uncommon = np.concatenate([[0.0], np.cumsum(word_counts[n_common:])]) * freq_ucw
-        self.numbers = _number_cost(tok, self.fixed_entries + freq_ucw * (len(word_counts) - n_common))
+        self.numbers = _number_cost(tok, max(200, self.fixed_entries + freq_ucw * (len(word_counts) - n_common)))
         pieces = [f" {i + 1}. x" for i in range(200)]
         estimate = self.numbers[1:201] - self.numbers[:200] + float(count_tokens(tok, [" x"])[0])
         self.correction = join_correction(tok, pieces, estimate)
@@ -222,14 +223,19 @@ class _EntryCost:
 
 
 def _number_cost(tok, n: int) -> np.ndarray:
-    """Cumulative tokens of the list numbers `` 1.``, `` 2.``, ... up to ``n`` (cached per tokenizer)."""
-    cache = tokenizer_cache(tok)
-    have = cache.get("cwe-numbers")
-    if have is None or len(have) <= max(n, 200) + 1:
-        size = max(n, 200, 2 * (len(have) if have is not None else 0)) + 1
-        counts = count_tokens(tok, [f" {i}." for i in range(1, size)]).astype(np.float64)
-        cache["cwe-numbers"] = have = np.concatenate([[0.0], np.cumsum(counts)])
-    return have
+    """Cumulative tokens of the list numbers `` 1.``, `` 2.``, ... `` n.``: counted exactly up to 9999,
+    beyond that as the mean of 2000 evenly spread numbers of the same digit count (cached per tokenizer)."""
+    per_digits = tokenizer_cache(tok).setdefault("cwe-numbers", {})
+    per = np.zeros(n + 1)
+    for digits in range(1, len(str(max(n, 1))) + 1):
+        first, last = 10 ** (digits - 1), 10 ** digits - 1
+        if digits not in per_digits:
+            sample = range(first, last + 1) if digits <= 4 else np.linspace(first, last, 2000).astype(int)
+            counts = count_tokens(tok, [f" {i}." for i in sample]).astype(np.float64)
+            per_digits[digits] = counts if digits <= 4 else float(counts.mean())
+        known, upto = per_digits[digits], min(last, n)
+        per[first:upto + 1] = known[:upto - first + 1] if isinstance(known, np.ndarray) else known
+    return np.cumsum(per)
 
 
 def _english_words() -> tuple[str, ...]:
@@ -243,9 +249,8 @@ def _english_words() -> tuple[str, ...]:
 
 def _made_up_words(rng, n: int, avoid: set) -> list[str]:
     """Pronounceable consonant-vowel words (3-4 syllables), distinct and not in ``avoid``."""
-    consonants, vowels = "bdfgklmnprstvz", "aeiou"
-    return _distinct(lambda r: "".join(r.choice(consonants) + r.choice(vowels) for _ in range(r.choice((3, 4)))),
-                     rng, n, avoid)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    return _distinct(lambda r: "".join(r.choices(syllables, k=3 + (r.random() < 0.5))), rng, n, avoid)
 
 
 def _fwe(tok, length: int, rng, alpha: float = 2.0, vocab_size: int = 2000) -> Row:
