@@ -262,6 +262,9 @@ def test_jsonl_ruler_rows(tmp_path):
     assert r.question == "What is the special magic number for apple mentioned in the provided text?"
     assert r.context.endswith("is: 42.") and r.answer_prefix == "Answer: The special magic number for apple is"
     assert r.max_new_tokens == 64
+    (folder / "named.jsonl").write_text(json.dumps({**row, "task": "vt"}) + "\n")
+    assert read_rows(folder / "named.jsonl")[0].task == "ruler/vt"
+    assert read_rows(folder / "named.jsonl", task="mine")[0].task == "mine"
     context, question = split_question("docs\nQuestion: who?\nmore of it", "Question:")
     assert (context, question) == ("docs", "Question: who?\nmore of it")
 

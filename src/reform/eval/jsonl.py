@@ -4,9 +4,10 @@ A RULER row (``input``, ``outputs``, optionally ``length``, ``answer_prefix``, `
 and question in one string: RULER's templates put the question after the context, last. We split it at
 the last occurrence of ``question_split`` (the question starts at the marker, e.g. ``"Question:"``), or,
 by default, at the last line break (the question is the input's last non-empty line). If ``input`` ends
-with the row's ``answer_prefix`` (older RULER files), the prefix is cut off first. RULER files hold one
-task each (``data/<task>/validation.jsonl``): the task is named after the file (``ruler/<task>``) unless
-``task`` is given.
+with the row's ``answer_prefix``, the prefix is cut off first (RULER's ``prepare.py`` already cuts it).
+Prepare RULER data with ``--model_template_type base`` so ``input`` holds no chat markup: our pipeline
+applies the model's own chat template. The task is ``task`` if given, else the row's ``task`` field (newer
+RULER), else named after the file (``data/<task>/validation.jsonl`` -> ``ruler/<task>``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def read_rows(path: str | Path, *, question_split: str | None = None, task: str 
             if not isinstance(data, dict):
                 raise ValueError("a row must be a JSON object")
             if "context" not in data and {"input", "outputs"} <= set(data):
-                row = from_ruler(data, task or default_task(path), question_split, max_new_tokens or 64)
+                name = task or (f"ruler/{data['task']}" if isinstance(data.get("task"), str) else default_task(path))
+                row = from_ruler(data, name, question_split, max_new_tokens or 64)
             else:
                 row = Row.from_json(data)
                 if max_new_tokens:
