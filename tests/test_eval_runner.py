@@ -92,7 +92,8 @@ def test_predictions_schema_outputs_and_encode_once_per_context(tmp_path, counts
     assert config["model"] == "tiny" and config["suite"] == "niah" and config["seed"] == 3 and config["rows"] == 4
     assert [m["name"] for m in config["methods"]] == ["reform", "truncate"]
     assert config["methods"][1]["options"] == {"recompute_budget": 200}
-    assert config["methods"][1]["resolved"]["recompute_budget"] == 200 and config["methods"][1]["resolved"]["keep_first"]
+    resolved = config["methods"][1]["resolved"]
+    assert resolved["recompute_budget"] == 200 and resolved["keep_first"] == 16      # W/32 for the 512 window
     assert {"torch", "transformers", "reform"} <= set(config["versions"]) and config["machine"]["cpu_cores"]
 
     saved = json.loads((tmp_path / "metrics.json").read_text())
@@ -225,7 +226,8 @@ def test_lengths_and_method_specs():
     spec = MethodSpec.parse("truncate:recompute_budget=512")
     assert spec == MethodSpec.of(("truncate", {"recompute_budget": 512})) == \
         MethodSpec.of({"name": "truncate", "recompute_budget": 512})
-    assert spec.label == "truncate(recompute_budget=512)" and spec.config_hash("m") != MethodSpec("truncate").config_hash("m")
+    assert spec.label == "truncate(recompute_budget=512)"
+    assert spec.config_hash("m") != MethodSpec("truncate").config_hash("m") != MethodSpec("truncate").config_hash("n")
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         method_specs(["reform", "nope"])
     with pytest.raises(ValueError, match="does not take cache_budget"):

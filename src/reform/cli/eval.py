@@ -119,7 +119,8 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
 
 def show(results: Path, metrics: dict):
     out.print(results.read_text(), markup=False, highlight=False)
-    names = ("predictions.jsonl", "config.json", "metrics.json", "results.md", *(Path(p).name for p in metrics["plots"]))
+    names = ("predictions.jsonl", "config.json", "metrics.json", "results.md",
+             *(Path(p).name for p in metrics["plots"]))
     err.print(f"wrote {results.parent}: {', '.join(n for n in names if (results.parent / n).exists())}",
               markup=False, highlight=False)
 

@@ -95,7 +95,8 @@ def accuracy_vs_length(metrics: dict, out_dir: str | Path) -> Path | None:
     legend = {}
     for ax in axes.flat:
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))   # label -> handle, every method once
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(6, max(1, len(legend))), bbox_to_anchor=(0.5, -0.02))
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(6, max(1, len(legend))),
+               bbox_to_anchor=(0.5, -0.02))
     fig.suptitle(f"score vs context length{' — ' + metrics['model'] if metrics.get('model') else ''}")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return _save(fig, Path(out_dir) / "accuracy_vs_length.png")

@@ -470,7 +470,8 @@ def markdown(metrics: dict, model: str = "") -> str:
              "RULER-style: fraction of gold strings present)."
              + (f" Rows per cell: {counts.pop()}." if len(counts) == 1 else " Rows per cell are in metrics.json."), ""]
     body = [[task, format_length(length), *(_percent(cell.get((task, length, m))) for m in methods)]
-            for task in metrics["tasks"] for length in metrics["lengths"] if any((task, length, m) in cell for m in methods)]
+            for task in metrics["tasks"] for length in metrics["lengths"]
+            if any((task, length, m) in cell for m in methods)]
     if len(metrics["tasks"]) > 1:
         avg = {(c["length"], c["method"]): c for c in metrics["by_length"]}
         body += [["**mean over tasks**", format_length(length),
