@@ -47,10 +47,10 @@ def votes(q: torch.Tensor, keys: torch.Tensor, top_k: int, tile: int) -> torch.T
     h_kv, m, d = keys.shape
     qg = q.reshape(h_kv, -1, d)                                   # query head h reads KV head h // rep
     k = min(top_k, m)
-    best_v = torch.empty(*qg.shape[:2], 0, device=q.device)
+    best_v = torch.empty(*qg.shape[:2], 0, dtype=q.dtype, device=q.device)
     best_i = torch.empty(*qg.shape[:2], 0, dtype=torch.long, device=q.device)
     for s in range(0, m, tile):
-        v, i = (qg @ keys[:, s:s + tile].transpose(1, 2)).float().topk(min(k, keys[:, s:s + tile].shape[1]), dim=-1)
+        v, i = (qg @ keys[:, s:s + tile].transpose(1, 2)).topk(min(k, keys[:, s:s + tile].shape[1]), dim=-1)
         best_v, j = torch.cat([best_v, v], -1).topk(min(k, best_v.shape[-1] + v.shape[-1]), dim=-1)
         best_i = torch.cat([best_i, i + s], -1).gather(-1, j)
     return torch.bincount(best_i.flatten(), minlength=m)
