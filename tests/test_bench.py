@@ -58,7 +58,8 @@ def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
     loaded = SimpleNamespace(model=tiny("llama"), tokenizer=tokenizer, name="tiny-llama")
     specs = method_specs([{"name": "reform", "heads": "1:v:0,2:q:3", "chunk_size": 64, "cache_budget": 96,
                            "recompute_budget": 200}, "h2o:chunk_size=64:cache_budget=96"])
-    result = run_bench(specs, [300, 600], loaded=loaded, out_dir=tmp_path, repeats=2, max_new_tokens=4)
+    result = run_bench(specs, [300, 600], loaded=loaded, out_dir=tmp_path, repeats=2, max_new_tokens=4,
+                       profile=True)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["lengths"] == [300, 600] and len(saved["runs"]) == 2 * 2 * 2
     assert saved["machine"]["matmul_flop_per_s"] > 0
@@ -75,6 +76,8 @@ def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
     for name in ("time_vs_length.png", "memory_vs_length.png", "stages.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert result["summary"] == saved["summary"]
+    profiles = sorted(tmp_path.glob("profile-*.txt"))
+    assert len(profiles) == 2 * 2 and all("aten::" in p.read_text() for p in profiles)
 
 
 def test_scaling_lengths_double_up_to_the_limit():

@@ -15,6 +15,7 @@ import math
 import random
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..data.haystack import haystack, insert_needle, magic_number_needle
+from ..eval.plots import slug
 from ..eval.runner import MethodSpec, format_length
 from ..methods import Context
 from ..pipeline import Pipeline
@@ -145,10 +147,26 @@ def scaling_exponent(summary: list[dict], method: str) -> dict | None:
             "rss_bytes_per_token": round(rss_slope, 1)}
 
 
+@contextmanager
+def profiled(path: Path | None):
+    """Profile the block with torch's profiler and write its top operators (by self time) to ``path``."""
+    if path is None:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        yield
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=30))
+
+
 def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_dir: Path, repeats: int = 1,
-              max_new_tokens: int = 16, seed: int = 0,
+              max_new_tokens: int = 16, seed: int = 0, profile: bool = False,
               progress: Callable[[str], None] | None = None) -> dict:
-    """Run every (method, length) ``repeats`` times on one loaded model and write ``bench.json``."""
+    """Run every (method, length) ``repeats`` times on one loaded model and write ``bench.json``.
+    ``profile``: one extra, untimed run per (method, length) under torch's profiler, written to
+    ``profile-METHOD-LENGTH.txt`` (where the time goes)."""
     specs = list(specs)
     model, tokenizer = loaded.model, loaded.tokenizer
     pipes = {s.label: Pipeline(model, tokenizer, model_name=loaded.name, method=s.name, **dict(s.options))
@@ -157,6 +175,7 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
     dtype = any_pipe.engine.dtype
     peak = matmul_throughput(dtype, any_pipe.engine.device)
     runs = []
+    out_dir.mkdir(parents=True, exist_ok=True)
     for length in lengths:
         inp = needle_input(tokenizer, any_pipe.templater, length, seed)
         for label, pipe in pipes.items():
@@ -169,6 +188,9 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
                 if progress is not None:
                     progress(f"  {run['wall_s']:.1f} s, {run['tokens_per_s']:.0f} tok/s, peak "
                              f"{run['peak_rss_mb']:.0f} MB, answer {run['answer']!r}")
+            if profile:
+                with profiled(out_dir / f"profile-{slug(label)}-{format_length(length)}.txt"):
+                    one_run(pipe, inp, max_new_tokens=max_new_tokens, matmul_flops=peak)
     summary = summarise(runs)
     result = {"machine": {**machine_info(any_pipe.engine.device), "matmul_flop_per_s": peak,
                           "matmul_dtype": str(dtype).removeprefix("torch.")},
@@ -176,7 +198,6 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
               "repeats": repeats, "max_new_tokens": max_new_tokens, "seed": seed,
               "runs": runs, "summary": summary,
               "scaling": [e for s in specs if (e := scaling_exponent(summary, s.label)) is not None]}
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RESULTS).write_text(json.dumps(result, indent=1))
     from .plots import plot_bench
     plot_bench(result, out_dir)

@@ -52,6 +52,8 @@ def bench(methods: str = MethodsOpt,
           repeats: int = typer.Option(1, "--repeats", min=1, help="runs per method and length (min/median reported)"),
           max_new_tokens: int = typer.Option(16, "--max-new-tokens", min=1),
           seed: int = typer.Option(0, "--seed"),
+          profile: bool = typer.Option(False, "--profile", help="also profile one extra run per method and length "
+                                       "(torch profiler; top operators to profile-METHOD-LENGTH.txt)"),
           out_dir: Path = typer.Option(Path("runs/bench"), "--out", "-o", help="folder for bench.json and PNGs"),
           model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Time every method on the same NIAH-style input at each length: stages, TTFT/TPOT, tokens/s, peak
@@ -72,7 +74,8 @@ def bench(methods: str = MethodsOpt,
         from ..bench.runner import run_bench
         try:
             result = run_bench(specs, sizes, loaded=loaded, out_dir=out_dir, repeats=repeats,
-                               max_new_tokens=max_new_tokens, seed=seed, progress=lambda s: err.print(s, markup=False))
+                               max_new_tokens=max_new_tokens, seed=seed, profile=profile,
+                               progress=lambda s: err.print(s, markup=False))
         except ValueError as e:
             raise CliError(str(e)) from None
     except CliError as e:
