@@ -23,7 +23,9 @@ question ``Question: {question}`` and its answer prefix ``Answer:``; ``row.depth
 first supporting fact (``meta["support_depths"]`` has them all). The score is BABILong's
 ``compare_answers`` (metric ``babilong``, see :mod:`.scoring`).
 
-Instructions and post-prompts follow BABILong's ``DEFAULT_PROMPTS``; the in-context examples are short
+Instructions and post-prompts follow BABILong's ``DEFAULT_PROMPTS`` (whose qa4 and qa5 instructions are
+swapped there -- qa4 asks about locations and their relations, qa5 about people and their actions -- and
+are given to the task they describe here); the in-context examples are short
 stories of our own in the same format, with people, places and things that never occur in the tasks (so
 an example sentence can never be mistaken for a fact).
 """
@@ -73,15 +75,15 @@ PROMPTS = {
               "Before the garage the screwdriver was in the cellar.")],
             "Always return your answer in the following format: Before the 'location_1' the 'item' was in the "
             "'location_2'. Do not write anything else after that."),
-    "qa4": ("I will give you context with the facts about different people, their location and actions, hidden "
-            "in some random text and a question. You need to answer the question based only on the information "
-            "from the facts.",
+    "qa4": ("I will give you context with the facts about locations and their relations hidden in some random "
+            "text and a question. You need to answer the question based only on the information from the "
+            "facts.",
             [("The shop is east of the garage. The cellar is north of the garage.",
               "What is the garage west of?", "shop")],
             "Your answer should contain only one word - location. Do not write anything else after that."),
-    "qa5": ("I will give you context with the facts about locations and their relations hidden in some random "
-            "text and a question. You need to answer the question based only on the information from the "
-            "facts.",
+    "qa5": ("I will give you context with the facts about different people, their location and actions, hidden "
+            "in some random text and a question. You need to answer the question based only on the information "
+            "from the facts.",
             [("Alan took the bottle there. Alan handed the bottle to Judith. Charlie went to the shop.",
               "Who did Alan give the bottle to?", "Judith")],
             "Your answer should contain only one word. Do not write anything else after that. Do not explain "

@@ -43,11 +43,14 @@ re-tokenised prompts; ``max_new_tokens`` is smaller for the NIAH tasks (32-64, R
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
+from ...data.haystack import builtin_paragraphs
 from ..rows import Row
 from .common import DEPTHS_40, random_key, random_number, random_uuid, sample_rng
 from .haystack import build, count_tokens, custom_pool, join_correction, sentence_pool, tokenizer_cache
@@ -238,12 +241,9 @@ def _number_cost(tok, n: int) -> np.ndarray:
     return np.cumsum(per)
 
 
+@lru_cache(maxsize=1)
 def _english_words() -> tuple[str, ...]:
     """Lower-case words (4-10 letters) of the built-in prose, sorted: the cwe vocabulary."""
-    import re
-
-    from ...data.haystack import builtin_paragraphs
-
     return tuple(sorted({w for p in builtin_paragraphs() for w in re.findall(r"\b[a-z]{4,10}\b", p)}))
 
 
