@@ -106,4 +106,18 @@ def load_model(model: str | None = None, *, device: str | None = None, dtype: st
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"could not load model '{model or DEFAULT_MODEL}': {first}") from None
     m = m.to(device=dev, dtype=dt).eval()
+    release_freed_memory()
     return LoadedModel(m, tok, model or DEFAULT_MODEL_ID)
+
+
+def release_freed_memory() -> None:
+    """Hand the fp32 staging copies of the load back to the OS: glibc keeps freed heap pages resident
+    otherwise (SmolLM2: 906 MB resident after load, 678 MB after trimming)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc (macOS, musl, Windows): nothing to do
+        pass
