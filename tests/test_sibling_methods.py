@@ -113,7 +113,8 @@ def test_ilre_encodes_no_layer_above_the_retrieval_layer_and_only_its_keys(token
 # ------------------------------------------------------------------ ILRe: the layer sweep
 def test_layer_sweep_scores_each_layer_as_ilre_with_that_layer_does(tokenizer):
     model = tiny()
-    sample = passkey_sample(Pipeline(model, tokenizer, method="ilre").templater, 400, random.Random(0), segment=7, digits=12)
+    templater = Pipeline(model, tokenizer, method="ilre").templater
+    sample = passkey_sample(templater, 400, random.Random(0), segment=7, digits=12)
     assert len(sample.gold) == 12 and tokenizer.decode([sample.ids[i] for i in sample.gold]).isdigit()
     sweep = Pipeline(model, tokenizer, method="ilre", retrieval_layer=0)
     fractions, exact = sample_recalls(sweep, sample, sweep.method.config, budget=100)

@@ -30,13 +30,13 @@ Choices where the paper is open (notes/ilre.md §6.3), by item:
   keys; in float32, tiled over the context with a first log-sum-exp pass.
 - A6: the query part runs through the lower layers as one more streaming chunk.
 - A7 and positions: the engine gives every cache entry the position of its place in the cache, so in the
-  lower layers the sink sits right before the window at every chunk (a bounded distance, like DCA's Eq. 6
-  which puts it one chunk further back; the paper's default keeps absolute positions there). At layer
-  l_R the keys are rotated at their absolute positions 0..L-1 and the query at L.. (the paper's
-  default), or with ``dca`` by Eq. 7: every chunk but the last two moves to the position of chunk
-  N_C - 1, so no query-key distance exceeds about two chunks (A8: D_i = (N_C - 1 - i) chunks, 1-based
-  chunk i; query positions stay absolute). Keys are stored pre-RoPE and rotated while scoring, which
-  equals storing them rotated and re-rotating by Eq. 7.
+  lower layers the sink sits right before the window at every chunk: a bounded distance like DCA's
+  Eq. 6, which leaves D_C - W = 512 positions between them (the paper's default keeps absolute positions
+  there; the engine refuses positions past the window). At layer l_R the keys are rotated at their
+  absolute positions 0..L-1 and the query at L.. (the paper's default), or with ``dca`` by Eq. 7: every
+  chunk but the last two moves to the position of chunk N_C - 1, so no query-key distance exceeds about
+  two chunks (A8: D_i = (N_C - 1 - i) chunks, 1-based chunk i; query positions stay absolute). Keys are
+  stored pre-RoPE and rotated while scoring, which equals storing them rotated and re-rotating by Eq. 7.
 - A9: the query part is this tool's question part (separator, question, end of turn, assistant header,
   answer prefix); the chat template's system prefix is context and survives only in part (first ``S``).
 """

@@ -90,6 +90,13 @@ class KVStore:
             new[:, :self.n] = old[:, :self.n]
         return new
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the entries held (spare capacity not counted)."""
+        if self.keys is None:
+            return 0
+        return 2 * self.n * self.keys.shape[0] * self.keys.shape[2] * self.keys.element_size()
+
     def fork(self) -> "KVStore":
         return copy.copy(self)
 
@@ -194,9 +201,9 @@ class ReAttentionConfig:
     def resolve(self, shape: ModelShape) -> "ReAttentionConfig":
         w = shape.window
         local = pick(self.local_size, w // 2)
-        c = replace(self, chunk_size=pick(self.chunk_size, min(512, local // 2)), cache_budget=pick(self.cache_budget, w),
-                    keep_first=pick(self.keep_first, min(32, w // 16)), local_size=local,
-                    span_size=pick(self.span_size, min(32, w // 16)))
+        c = replace(self, chunk_size=pick(self.chunk_size, min(512, local // 2)),
+                    cache_budget=pick(self.cache_budget, w), keep_first=pick(self.keep_first, min(32, w // 16)),
+                    local_size=local, span_size=pick(self.span_size, min(32, w // 16)))
         c.check(shape)
         return c
 
