@@ -11,7 +11,7 @@ import torch
 from reform.engine import KVCache
 from reform.heads.layer_select import passkey_sample, sample_recalls, select_layer
 from reform.methods.ilre import allocate, attention_scores, key_positions
-from reform.methods.reattention import KVStore, ReAttentionPolicy, SteeredEngine, spans, votes
+from reform.methods.reattention import KVStore, ReAttentionPolicy, spans, votes
 from reform.pipeline import Pipeline
 from reform.stats import Timer
 
@@ -196,8 +196,8 @@ def test_reattention_keeps_every_token_selects_within_scope_and_reselects_every_
 
 
 # ------------------------------------------------------------------ both: covering budgets = full attention
-def first_token_logits(engine, prompt, cache):
-    return engine.logits(engine.prefill(prompt, cache, chunk_size=WINDOW)[-1:])
+def first_token_logits(engine, prompt, cache, policy=None):
+    return engine.logits(engine.prefill(prompt, cache, chunk_size=WINDOW, policy=policy)[-1:])
 
 
 @pytest.mark.parametrize("name,options", [
@@ -214,7 +214,7 @@ def test_covering_budgets_equal_full_attention(name, options, tiny_model, tokeni
     if name == "ilre":
         logits = first_token_logits(pipe.engine, prompt, KVCache.empty(4))
     else:
-        logits = first_token_logits(SteeredEngine(pipe.engine, ctx.state.fork()), prompt, cache)
+        logits = first_token_logits(pipe.engine, prompt, cache, pipe.method.generation_policy(ctx))
     with torch.no_grad():
         ref = tiny_model(plain[None]).logits[0, -1:]
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)

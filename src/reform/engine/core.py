@@ -215,10 +215,12 @@ class Engine:
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompt: torch.Tensor, *, max_new_tokens: int, eos_ids: Sequence[int],
-                 cache: KVCache | None = None, chunk_size: int | None = None) -> Iterator[int]:
+                 cache: KVCache | None = None, chunk_size: int | None = None,
+                 policy: EvictionPolicy | None = None) -> Iterator[int]:
         """Greedy decoding with the full model: prefill ``prompt`` on ``cache`` (a fresh one by default;
         a compressed cache of all layers for methods that answer from it), then yield tokens until an
-        EOS id (not yielded) or ``max_new_tokens``."""
+        EOS id (not yielded) or ``max_new_tokens``. With ``policy``, the prompt and every new token run
+        under it and are followed by its ``compress`` (ReAttention re-selects at every decoded token)."""
         cache = cache if cache is not None else KVCache.empty(self.shape.n_layers)
         if len(cache.layers) != self.shape.n_layers:
             raise ValueError(f"generation needs a cache of all {self.shape.n_layers} layers, got {len(cache.layers)}")
@@ -226,11 +228,11 @@ class Engine:
         if used + max_new_tokens > self.max_positions:
             raise ValueError(f"prompt ({used} tokens with the cache) + max_new_tokens ({max_new_tokens}) exceeds "
                              f"the model's window ({self.max_positions})")
-        hidden = self.prefill(prompt, cache, chunk_size=chunk_size or self.shape.window)
+        hidden = self.prefill(prompt, cache, chunk_size=chunk_size or self.shape.window, policy=policy)
         for step in range(max_new_tokens):
             token = int(self.logits(hidden[-1:]).argmax(-1))
             if token in eos_ids:
                 return
             yield token
             if step + 1 < max_new_tokens:
-                hidden = self.forward(torch.tensor([token], device=self.device), cache)
+                hidden = self.prefill(torch.tensor([token], device=self.device), cache, chunk_size=1, policy=policy)

@@ -101,6 +101,10 @@ class Method:
             keep = self.select(ctx, part, timer)
         return torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)]), None
 
+    def generation_policy(self, ctx: Context) -> EvictionPolicy | None:
+        """A policy the prompt and every generated token run under (None: plain decoding)."""
+        return None
+
     def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
                on_text: Callable[[str], None] | None) -> Answer:
         """Build the prompt, then decode greedily with the full model."""
@@ -111,7 +115,7 @@ class Method:
         text = ""
         t0 = time.perf_counter()
         for tok in pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids,
-                                        cache=cache):
+                                        cache=cache, policy=self.generation_policy(ctx)):
             if not tokens:
                 timer.add("recompute", time.perf_counter() - t0)   # prefill + first token
                 t0 = time.perf_counter()

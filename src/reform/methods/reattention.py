@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..engine.cache import KVCache, LayerCache
-from ..engine.core import Engine, ModelShape
+from ..engine.core import ModelShape
 from ..engine.layout import QuestionPart
 from ..engine.rope import Rotary
 from .base import CachedMethod, Context, register
@@ -164,21 +164,6 @@ class ReAttentionPolicy:
             lc.keys_pre = lc.keys = lc.values = lc.scores = None
 
 
-class SteeredEngine(Engine):
-    """The pipeline's engine with every ``forward`` run under ``policy`` and followed by its ``compress``.
-    ``Engine.generate`` runs the question and each new token without a policy, but ReAttention selects
-    anew at every decoding step (Algorithm 2)."""
-
-    def __init__(self, engine: Engine, policy: ReAttentionPolicy):
-        self.__dict__.update(engine.__dict__)         # same model, rotary tables and counters
-        self.policy = policy
-
-    def forward(self, ids: torch.Tensor, cache: KVCache, **kw) -> torch.Tensor:
-        hidden = super().forward(ids, cache, **{**kw, "policy": self.policy})
-        self.policy.compress(cache, self.rotary)
-        return hidden
-
-
 @dataclass
 class ReAttentionConfig:
     """ReAttention's knobs (§3.1). ``cache_budget`` is the attention scope (W by default: the paper's
@@ -236,7 +221,6 @@ class ReAttention(CachedMethod):
     def state(self, policy: ReAttentionPolicy) -> ReAttentionPolicy:
         return policy
 
-    def answer(self, ctx: Context, part: QuestionPart, **kw):
-        pipe = copy.copy(ctx.pipeline)
-        pipe.engine = SteeredEngine(pipe.engine, ctx.state.fork())
-        return super().answer(replace(ctx, pipeline=pipe), part, **kw)
+    def generation_policy(self, ctx: Context) -> ReAttentionPolicy:
+        """The question and every generated token select again from (a fork of) the context's stores."""
+        return ctx.state.fork()
