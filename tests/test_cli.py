@@ -71,3 +71,18 @@ def test_bad_dtype_and_method(text_file):
     assert r.exit_code == 2 and "unknown dtype" in r.output
     r = run("ask", str(text_file), "-q", "What?", "--method", "full", "--cache-budget", "10")
     assert r.exit_code == 2 and "takes no chunk or budget" in r.output
+
+
+def test_method_options_by_name(text_file):
+    """--option KEY=VALUE reaches the method's config: unknown names and malformed items are refused
+    before the model loads, with the options the method does take."""
+    r = run("ask", str(text_file), "-q", "What?", "--method", "ilre", "--option", "windowz=3")
+    assert r.exit_code == 2 and "takes no windowz option" in r.output and "--option dca=..." in r.output
+    r = run("ask", str(text_file), "-q", "What?", "--method", "ilre", "--option", "dca")
+    assert r.exit_code == 2 and "bad --option 'dca'" in r.output
+
+
+def test_option_values_are_typed():
+    from reform.cli.main import parse_options
+    assert parse_options(["dca=true", "retrieval_layer=14", "weight=0.5", "heads=5:v:2"]) == \
+        {"dca": True, "retrieval_layer": 14, "weight": 0.5, "heads": "5:v:2"}

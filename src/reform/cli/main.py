@@ -79,22 +79,36 @@ _FLAGS = {"chunk_size": "--chunk-size", "cache_budget": "--cache-budget", "recom
 def option_error(e) -> CliError:
     """An ``OptionError`` in terms of this command's flags."""
     bad = ", ".join(_FLAGS.get(k, k) for k in e.unknown)
-    takes = [_FLAGS[k] for k in _FLAGS if k in e.accepted]
+    takes = [_FLAGS[k] for k in _FLAGS if k in e.accepted] + \
+        [f"--option {k}=..." for k in e.accepted if k not in _FLAGS]
     if not any(k in e.accepted for k in ("chunk_size", "cache_budget", "recompute_budget")):
         return CliError(f"method '{e.method}' takes no chunk or budget options ({bad} given)")
     return CliError(f"method '{e.method}' takes no {bad} option; it takes {', '.join(takes)}")
 
 
+def parse_options(items: list[str] | None) -> dict:
+    """``--option KEY=VALUE`` (repeatable): any field of the method's config, e.g. ``dca=true``."""
+    from ..eval.runner import option_value
+    options = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise CliError(f"bad --option '{item}': use KEY=VALUE, e.g. --option retrieval_layer=14")
+        options[key.strip()] = option_value(value.strip())
+    return options
+
+
 def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
-                   chat_template=True):
+                   chat_template=True, extra: dict | None = None):
     """Load the model and build ``method``; options left as None take the method's defaults, and a
-    method refuses options it does not take (before the model is loaded)."""
+    method refuses options it does not take (before the model is loaded). ``extra``: further options
+    (fields of the method's config) from ``--option``."""
     from ..model import ModelLoadError
     from ..pipeline import Pipeline, check_method_options
     from ..engine.core import UnsupportedModelError
     from ..methods.options import OptionError
     options = {"heads": heads, "chunk_size": chunk_size, "cache_budget": cache_budget,
-               "recompute_budget": recompute_budget}
+               "recompute_budget": recompute_budget, **(extra or {})}
     try:
         check_method_options(method, **options)
         return Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
@@ -137,6 +151,8 @@ def ask(file: Path = typer.Argument(..., help="UTF-8 text file holding the conte
         chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
         recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
         dtype: Optional[str] = DtypeOpt,
+        option: Optional[list[str]] = typer.Option(None, "--option", help="KEY=VALUE: any other option of the "
+                                                   "method (a field of its config), e.g. ilre's dca=true; repeatable"),
         chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template")):
     """Answer QUESTION about FILE, however long FILE is."""
     try:
@@ -144,7 +160,7 @@ def ask(file: Path = typer.Argument(..., help="UTF-8 text file holding the conte
             raise CliError("a question is required: --question \"...\"")
         text = read_text_file(file)
         pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
-                              chat_template)
+                              chat_template, parse_options(option))
         answer = run_question(pipe, text, question, answer_prefix, max_new_tokens, as_json)
     except CliError as e:
         fail(e)

@@ -59,7 +59,10 @@ def format_length(n: int) -> str:
 
 
 # ---------------------------------------------------------------- methods with options
-def _option_value(text: str):
+def option_value(text: str):
+    """A method option's value from the command line: int, float, true/false, else the string."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for cast in (int, float):
         try:
             return cast(text)
@@ -97,7 +100,7 @@ class MethodSpec:
             key, eq, value = part.partition("=")
             if not eq or not key.strip():
                 raise ValueError(f"bad method option '{part}' in '{text}': use NAME:OPTION=VALUE[:OPTION=VALUE]")
-            options[key.strip()] = _option_value(value.strip())
+            options[key.strip()] = option_value(value.strip())
         return cls.of((name, options))
 
     @property
