@@ -67,6 +67,9 @@ def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
         assert set(run["stages_s"]) == {"encode", "gather", "recompute", "generate"}
         assert run["input_tokens"] > 0 and run["wall_s"] > 0 and run["peak_rss_mb"] > 0
         assert run["flops"]["linear"] > 0 and 0 < run["flop_efficiency"]
+        # efficiencies are against the one yardstick reported (the best of the probes before and after)
+        assert run["flop_efficiency"] == round(run["flop_per_s"] / saved["machine"]["matmul_flop_per_s"], 4)
+        assert 0 < run["rss_start_mb"] <= run["peak_rss_mb"]
     reform_runs = [r for r in saved["runs"] if r["method"].startswith("reform")]
     # REFORM keeps token ids + 2 heads x 16 dims of fp16 embeddings per input token; H2O only the ids
     assert all(r["context_bytes"]["per_token_state"] == r["input_tokens"] * 2 * 16 * 2 for r in reform_runs)

@@ -25,6 +25,15 @@ def peak_memory_mb() -> float:
     return round(mb, 1)
 
 
+def current_memory_mb() -> float | None:
+    """Resident memory (MB) of this process now (Linux ``VmRSS``; None elsewhere)."""
+    if _STATUS.exists():
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
 def reset_peak_memory() -> bool:
     """Start a new peak-memory measurement (the benchmark runs many inputs in one process): clears the
     RSS high-water mark on Linux (``/proc/self/clear_refs``) and CUDA's peak. False if RSS cannot be reset."""

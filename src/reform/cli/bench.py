@@ -30,7 +30,7 @@ def table(result: dict) -> str:
     """Markdown table of the summary (medians)."""
     from ..eval.runner import format_length
     head = ("| method | length | tokens | correct | wall s | encode s | recompute s | TTFT s | TPOT s | tok/s "
-            "| 2nd question s | peak RSS MB | FLOP eff. (encode) | bytes/token kept |")
+            "| 2nd question s | RSS at start MB | peak RSS MB | FLOP eff. (encode) | bytes/token kept |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted(result["summary"], key=lambda r: (r["input_tokens"], r["method"])):
         tpot = r.get("tpot_s_median")
@@ -38,7 +38,7 @@ def table(result: dict) -> str:
             f"| {r['method']} | {format_length(r['length'])} | {r['input_tokens']} | {r['correct']:.0%} "
             f"| {r['wall_s_median']:.2f} | {r['encode_s_median']:.2f} | {r['recompute_s_median']:.2f} "
             f"| {r['ttft_s_median']:.2f} | {'—' if tpot is None else f'{tpot:.3f}'} | {r['tokens_per_s_median']:.0f} "
-            f"| {r['second_question_s_median']:.2f} | {r['peak_rss_mb_median']:.0f} "
+            f"| {r['second_question_s_median']:.2f} | {r.get('rss_start_mb_median') or 0:.0f} | {r['peak_rss_mb_median']:.0f} "
             f"| {r['flop_efficiency_median']:.1%} ({r.get('encode_flop_efficiency_median') or 0:.1%}) "
             f"| {r['bytes_per_input_token']:.0f} |")
     return "\n".join(lines)
