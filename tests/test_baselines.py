@@ -301,6 +301,17 @@ def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
     assert Pipeline(tiny(), tokenizer, method="h2o").method.config.cache_budget == 128
 
 
+def test_preset_defaults_scoped_to_one_method(monkeypatch, tokenizer):
+    import reform.pipeline as pipeline
+    scoped = {"recompute_budget": 100, "reattention": {"cache_budget": 256, "local_size": 128, "chunk_size": 64}}
+    monkeypatch.setattr(pipeline, "find_preset", lambda name: {"defaults": scoped})
+    c = Pipeline(tiny(), tokenizer, method="reattention").method.config
+    assert (c.cache_budget, c.local_size, c.chunk_size) == (256, 128, 64)
+    assert Pipeline(tiny(), tokenizer, method="h2o").method.config.cache_budget == 128      # not ReAttention's
+    assert Pipeline(tiny(), tokenizer, method="truncate").method.config.recompute_budget == 100
+    assert Pipeline(tiny(), tokenizer, method="reattention", cache_budget=384).method.config.cache_budget == 384
+
+
 @pytest.mark.parametrize("name,opts,msg", [
     ("full", dict(cache_budget=10), "does not take cache_budget; it takes no options"),
     ("h2o", dict(recompute_budget=100), "does not take recompute_budget"),

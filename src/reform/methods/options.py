@@ -37,12 +37,16 @@ def check_names(method: str, config_cls: type | None, options: dict) -> None:
 
 def build_config(method: str, config_cls: type | None, options: dict, defaults: dict | None = None):
     """``config_cls(**options)``, refusing options it does not have; ``defaults`` (e.g. a model preset's
-    tuned values) fill the fields they name that the options leave unset and are ignored otherwise."""
+    tuned values) fill the fields they name that the options leave unset and are ignored otherwise. A
+    ``defaults[method]`` section holds values for that method alone, over the shared ones (a preset can
+    tune ReAttention's ``cache_budget`` without touching H2O's)."""
     check_names(method, config_cls, options)
     if config_cls is None:
         return None
     names = set(option_names(config_cls))
-    base = {k: v for k, v in (defaults or {}).items() if k in names}
+    defaults = defaults or {}
+    scoped = {**defaults, **defaults.get(method, {})}
+    base = {k: v for k, v in scoped.items() if k in names}
     return config_cls(**{**base, **given(options)})
 
 
