@@ -116,3 +116,23 @@ def test_rotate_matches_hf_rotary(tiny_model):
     cos, sin = tiny_model.model.rotary_emb(x, torch.arange(5, 12)[None])
     from transformers.models.llama.modeling_llama import rotate_half
     torch.testing.assert_close(rot.rotate(x, 5), x * cos[0] + rotate_half(x) * sin[0])
+
+
+def test_cache_appends_in_place_like_concatenation_and_clones_stay_independent():
+    from reform.engine.cache import LayerCache
+    torch.manual_seed(0)
+    parts = [torch.randn(2, t, 4) for t in (100, 1, 1, 3, 300, 1)]      # prefill, decode steps, a bulk append
+    lc = LayerCache()
+    for i, p in enumerate(parts):
+        lc.append(p, p + 1, p + 2)
+        if i == 1:
+            fork = KVCache([lc]).clone().layers[0]                       # e.g. a second question's cache
+            fork.append(-parts[2], -parts[2], -parts[2])
+    ref = torch.cat(parts, dim=1)
+    assert torch.equal(lc.keys_pre, ref) and torch.equal(lc.keys, ref + 1) and torch.equal(lc.values, ref + 2)
+    # the owner's later in-place appends did not reach the clone, nor the clone's the owner
+    assert torch.equal(fork.keys, torch.cat([ref[:, :101] + 1, -parts[2]], dim=1))
+    assert lc._buffers is not None and lc._buffers[0].data_ptr() != fork._buffers[0].data_ptr()
+    lc.keys_pre = lc.keys = lc.values = ref[:, :5].clone()               # a policy swaps in other tensors
+    lc.append(parts[1], parts[1], parts[1])
+    assert torch.equal(lc.values, torch.cat([ref[:, :5], parts[1]], dim=1))
