@@ -132,6 +132,25 @@ def test_resume_skips_finished_rows(tmp_path, counts):
     counts.ask = 0
     evaluate(rows, tmp_path, counts, methods=[TRUNCATE], resume=False)
     assert counts.ask == 4 and len(read_predictions(tmp_path / "predictions.jsonl")) == 4
+    assert len(json.loads((tmp_path / "config.json").read_text())["runs"]) == 1
+
+
+def test_config_describes_every_method_run_into_a_directory(tmp_path, counts):
+    rows = make_rows()
+    evaluate(rows[:2], tmp_path, counts, methods=[REFORM], meta={"lengths": [400]})
+    evaluate(rows, tmp_path, counts, methods=[TRUNCATE], meta={"lengths": [400, 800]})
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert [m["name"] for m in config["methods"]] == ["reform", "truncate"]
+    assert all(m["resolved"]["recompute_budget"] == 200 for m in config["methods"])
+    assert [(r["lengths"], len(r["methods"])) for r in config["runs"]] == [([400], 1), ([400, 800], 1)]
+    assert all(r["machine"]["cpu_cores"] and r["started"] for r in config["runs"])
+    metrics = write_report(tmp_path, plots=False)
+    assert [m["method"].split("(")[0] for m in metrics["by_method"]] == ["reform", "truncate"]
+
+    counts.load = 0                       # a resumed run with nothing left keeps every method's record
+    evaluate(rows, tmp_path, counts, methods=[TRUNCATE])
+    again = json.loads((tmp_path / "config.json").read_text())
+    assert counts.load == 0 and again["methods"] == config["methods"] and len(again["runs"]) == 3
 
 
 def test_full_past_the_window_is_skipped_unless_forced(tmp_path, counts):

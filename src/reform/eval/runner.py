@@ -353,6 +353,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
               **(meta or {}), "rows": len(rows), "force_over_window": force_over_window,
               "chat_template": use_chat_template, "versions": versions(), "machine": machine(model),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    config = merged_config(out, config) if resume else config | {"runs": [run_entry(config)]}
     (out / CONFIG).write_text(json.dumps(config, indent=1))
     if total:
         if model is None:
@@ -361,8 +362,9 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
         pipes = {s.label: Pipeline(model, tokenizer, model_name=model_name, method=s.name,
                                    use_chat_template=use_chat_template, **dict(s.options)) for s in specs}
         for entry in config["methods"]:     # the options every default resolved to, for the record
-            entry["resolved"] = resolved_options(pipes[entry["label"]].method)
-        config["machine"] = machine(model)
+            if entry["label"] in pipes:
+                entry["resolved"] = resolved_options(pipes[entry["label"]].method)
+        config["machine"] = config["runs"][-1]["machine"] = machine(model)
         (out / CONFIG).write_text(json.dumps(config, indent=1, default=str))
         with open(pred_path, "a", encoding="utf-8") as sink, RowProgress(progress, total, console) as bar:
             for group in group_by_context(rows):
@@ -379,6 +381,27 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                         sink.flush()
                         bar.row_done()
     return write_report(out, plots=plots)
+
+
+def run_entry(config: dict) -> dict:
+    """What one invocation ran: its settings and method labels (their options are in ``methods``)."""
+    return {k: v for k, v in config.items() if k not in ("model", "methods", "runs", "versions")} | {
+        "methods": [m["label"] for m in config["methods"]]}
+
+
+def merged_config(out: Path, config: dict) -> dict:
+    """``config`` joined to the directory's earlier ``config.json``, so the file describes every prediction
+    a resumed directory holds: methods run before under other labels stay (a label run again replaces its
+    entry, as its new config hash replaces its rows in the report; the same config keeps its resolved
+    options), and ``runs`` lists each invocation's lengths, samples, seed, machine and start time."""
+    old = json.loads((out / CONFIG).read_text()) if (out / CONFIG).is_file() else {}
+    before = {m["label"]: m for m in old.get("methods", [])}
+    for m in config["methods"]:
+        prev = before.pop(m["label"], {})
+        if prev.get("config_hash") == m["config_hash"] and "resolved" in prev:
+            m["resolved"] = prev["resolved"]
+    return config | {"methods": list(before.values()) + config["methods"],
+                     "runs": old.get("runs", []) + [run_entry(config)]}
 
 
 # ---------------------------------------------------------------- report (from predictions.jsonl alone)
