@@ -144,6 +144,7 @@ def test_config_describes_every_method_run_into_a_directory(tmp_path, counts):
     assert all(m["resolved"]["recompute_budget"] == 200 for m in config["methods"])
     assert [(r["lengths"], len(r["methods"])) for r in config["runs"]] == [([400], 1), ([400, 800], 1)]
     assert all(r["machine"]["cpu_cores"] and r["started"] for r in config["runs"])
+    assert all(r["machine"]["dtype"] == "float32" for r in config["runs"])  # the tiny model's dtype
     metrics = write_report(tmp_path, plots=False)
     assert [m["method"].split("(")[0] for m in metrics["by_method"]] == ["reform", "truncate"]
 

@@ -259,11 +259,15 @@ def versions() -> dict:
 
 
 def machine(model) -> dict:
-    """The machine (CPU, cores, threads, GPU) the model runs on; CPU until a model is loaded."""
+    """The machine (CPU, cores, threads, GPU) the model runs on and the dtype it runs in (scores can move
+    with it: bf16 is picked on CPUs with native bf16); CPU until a model is loaded."""
     import torch
 
     from ..bench.machine import machine_info
-    return machine_info(next(model.parameters()).device if model is not None else torch.device("cpu"))
+    if model is None:
+        return machine_info(torch.device("cpu"))
+    weight = next(model.parameters())
+    return machine_info(weight.device) | {"dtype": str(weight.dtype).removeprefix("torch.")}
 
 
 def default_scorer() -> Callable[[Row, str], float]:
