@@ -111,7 +111,7 @@ def layer_cache(n, heads=2, d=8):
 
 
 class NoRotation:
-    def rotate(self, x, start):
+    def rotate(self, x, start, layer=0):
         return x
 
 

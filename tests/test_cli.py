@@ -63,7 +63,7 @@ def test_architecture_without_rotary_positions(text_file, tmp_path):
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64)) \
         .save_pretrained(tmp_path / "gpt2")
     r = run("ask", str(text_file), "-q", "What?", "--model", str(tmp_path / "gpt2"))
-    assert r.exit_code == 2 and "gpt2" in r.output and "not a decoder-only model" in r.output
+    assert r.exit_code == 2 and "gpt2" in r.output and "no rotary position embedding" in r.output
 
 
 def test_bad_dtype_and_method(text_file):

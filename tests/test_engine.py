@@ -111,11 +111,12 @@ def test_gqa_head_mapping_in_attention():
 
 
 def test_rotate_matches_hf_rotary(tiny_model):
-    rot = Rotary(tiny_model.model.rotary_emb, 16)
+    rot = Rotary(tiny_model)
     x = torch.randn(2, 7, 16)
     cos, sin = tiny_model.model.rotary_emb(x, torch.arange(5, 12)[None])
     from transformers.models.llama.modeling_llama import rotate_half
     torch.testing.assert_close(rot.rotate(x, 5), x * cos[0] + rotate_half(x) * sin[0])
+    torch.testing.assert_close(rot.unrotate(rot.rotate(x, 5), 5), x, atol=1e-6, rtol=1e-6)
 
 
 def test_cache_appends_in_place_like_concatenation_and_clones_stay_independent():

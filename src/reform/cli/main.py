@@ -212,7 +212,7 @@ def demo(length: Optional[int] = typer.Option(None, "--length", help="haystack t
 
 from .eval import app as eval_app  # noqa: E402  (here, after the helpers it imports)
 app.add_typer(eval_app, name="eval")
-from . import bench  # noqa: E402,F401  (registers `reform bench`)
+from . import bench, models  # noqa: E402,F401  (register `reform bench`, `reform models`)
 
 
 def main():

@@ -11,14 +11,20 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float, *,
+                     window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention of ``q`` ([H, T, D], at positions start..start+T-1) over ``k``/``v`` ([H_kv, start+T, D]).
 
     Query head ``h`` reads KV head ``h // (H / H_kv)`` (``enable_gqa``), the layout of HF's ``repeat_kv``.
+    ``window``: a sliding-window layer, where a query at position p reads only keys at p-window+1..p (as
+    transformers' sliding masks); ``softcap``: logits squashed to ``softcap * tanh(logits / softcap)``
+    (Gemma 2).
     """
     t, n = q.shape[1], k.shape[1]
     if n != start + t:
         raise ValueError(f"cache holds {n} keys, expected {start + t}")
+    if window is not None or softcap is not None:
+        return _masked_attention(q, k, v, start, scaling, window, softcap)
     gqa = q.shape[0] != k.shape[0]
     if start == 0:
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=t > 1, scale=scaling,
@@ -32,6 +38,30 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
                                              enable_gqa=gqa)
     return out[0]
+
+
+def _masked_attention(q, k, v, start, scaling, window, softcap, block: int = 256):
+    """Sliding-window and/or soft-capped attention, ``block`` queries at a time over only the keys that
+    block can read (so no chunk x cache matrix is held); softmax in float32 as transformers' eager path."""
+    h, t, d = q.shape
+    rep = h // k.shape[0]
+    out = torch.empty_like(q)
+    for s in range(0, t, block):
+        e = min(t, s + block)
+        lo = 0 if window is None else max(0, start + s - window + 1)
+        kb = k[:, lo:start + e].repeat_interleave(rep, 0)
+        vb = v[:, lo:start + e].repeat_interleave(rep, 0)
+        q_pos = start + torch.arange(s, e, device=q.device)[:, None]
+        k_pos = lo + torch.arange(kb.shape[1], device=q.device)[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        logits = (q[:, s:e] @ kb.transpose(1, 2)) * scaling
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits.float().masked_fill_(~allowed, float("-inf"))
+        out[:, s:e] = torch.softmax(logits, -1).to(q.dtype) @ vb
+    return out
 
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -48,7 +78,8 @@ def _split_attention(q, k, v, start, scaling):
     return torch.lerp(o2.float(), o1.float(), prefix_share)[0].to(q.dtype)
 
 
-def attention_received(q_last: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
+def attention_received(q_last: torch.Tensor, k: torch.Tensor, scaling: float,
+                       softcap: float | None = None) -> torch.Tensor:
     """Softmax attention that each key receives from the last ``w`` queries, summed over queries and over
     the query heads sharing a KV head. ``q_last`` is [H, w, D] and sits at the last ``w`` positions of
     ``k`` ([H_kv, N, D]), so causality masks only keys among the last ``w``. Returns [H_kv, N] float32."""
@@ -59,6 +90,8 @@ def attention_received(q_last: torch.Tensor, k: torch.Tensor, scaling: float) ->
     out = torch.empty(h_kv, n, dtype=torch.float32, device=k.device)
     for g in range(h_kv):                                                      # one group at a time
         logits = (q_last[g * rep:(g + 1) * rep].reshape(rep * w, d) @ k[g].T).float().mul_(scaling)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
         logits.view(rep, w, n)[:, :, n - w:].masked_fill_(future, float("-inf"))
         out[g] = torch.softmax(logits, -1).sum(0)
     return out

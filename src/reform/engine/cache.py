@@ -27,6 +27,7 @@ class LayerCache:
     keys: torch.Tensor | None = None       # keys rotated at positions 0..length-1
     values: torch.Tensor | None = None
     scores: torch.Tensor | None = None     # eviction policy state, [n_kv_heads, length] float32
+    window: int | None = None              # a sliding-window layer: only the last ``window - 1`` entries matter
 
     @property
     def length(self) -> int:
@@ -36,6 +37,7 @@ class LayerCache:
     # in place instead of copying the whole cache three times per layer (at 8k entries those copies took
     # ~8.6 ms per layer, ~250 ms per token on 30 layers). The public tensors view the first ``length``.
     _buffers: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
+    layer: int = 0                         # which decoder layer (its RoPE is the one re-packing uses)
 
     def append(self, k_pre: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor) -> None:
         new, n, t = (k_pre, k_rot, v), self.length, k_pre.shape[1]
@@ -65,9 +67,27 @@ class LayerCache:
         idx = index.unsqueeze(-1).expand(-1, -1, self.keys.shape[-1])
         self.keys_pre = self.keys_pre.gather(1, idx)
         self.values = self.values.gather(1, idx)
-        self.keys = rotary.rotate(self.keys_pre, 0)
+        self.keys = rotary.rotate(self.keys_pre, 0, self.layer)
         if self.scores is not None:
             self.scores = self.scores.gather(1, index)
+
+    def keep_last(self, m: int, rotary: Rotary) -> None:
+        """Keep the last ``m`` entries, re-packed at 0..m-1."""
+        self.keep(torch.arange(self.length - m, self.length, device=self.keys.device).expand(self.keys.shape[0], -1),
+                  rotary)
+
+    def trim_to_window(self, rotary: Rotary, slack: int = RESERVE) -> None:
+        """A sliding-window layer's next query reads only the last ``window - 1`` entries: drop the rest
+        (exact, not an approximation). Done once ``slack`` entries have piled up, so decoding does not
+        re-pack every token."""
+        if self.window is not None and self.length > self.window - 1 + slack:
+            self.keep_last(self.window - 1, rotary)
+
+    def truncate(self, n: int) -> None:
+        """Drop the entries from ``n`` on (the buffers with room stay ours)."""
+        self.keys_pre, self.keys, self.values = self.keys_pre[:, :n], self.keys[:, :n], self.values[:, :n]
+        if self.scores is not None:
+            self.scores = self.scores[:, :n]
 
 
 @dataclass
@@ -78,16 +98,18 @@ class KVCache:
 
     @classmethod
     def empty(cls, n_layers: int) -> "KVCache":
-        return cls([LayerCache() for _ in range(n_layers)])
+        return cls([LayerCache(layer=i) for i in range(n_layers)])
 
     @property
     def length(self) -> int:
-        """Entries per head; every layer holds the same count."""
-        return self.layers[0].length if self.layers else 0
+        """Entries per head of the fullest layer: the next position it uses. Full-attention layers hold the
+        same count; sliding-window layers may hold fewer."""
+        return max((c.length for c in self.layers), default=0)
 
     def clone(self) -> "KVCache":
         """A copy whose appends do not touch this cache (tensors are shared until replaced)."""
-        return KVCache([LayerCache(c.keys_pre, c.keys, c.values, c.scores) for c in self.layers])
+        return KVCache([LayerCache(c.keys_pre, c.keys, c.values, c.scores, c.window, layer=c.layer)
+                        for c in self.layers])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for c in self.layers

@@ -11,6 +11,7 @@ tests check against ``model(...)`` and ``model.generate(...)``.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
@@ -18,16 +19,18 @@ import torch
 
 from .attention import attention_received, causal_attention
 from .cache import KVCache, LayerCache
-from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token
+from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token, qkv_flops_per_token
 from .rope import Rotary
 
 
+
 class UnsupportedModelError(ValueError):
-    """The model is not a decoder-only transformer with rotary positions that the engine can drive."""
+    """The engine cannot run this model exactly as transformers does; the message says what it lacks."""
 
 
 class Hook(Protocol):
-    """Sees each chunk as it is encoded (e.g. to store retrieval embeddings)."""
+    """Sees each chunk as it is encoded (e.g. to store retrieval embeddings). ``on_qkv`` receives the
+    pre-RoPE query, key and value states of a layer; a hook may list the ``layers`` it reads."""
 
     def begin(self, offset: int, length: int) -> None: ...
     def on_qkv(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
@@ -40,7 +43,8 @@ class EvictionPolicy(Protocol):
     chunk's ids and last-layer hidden states before ``compress`` (InfiniPot's novelty scores need them);
     and ``arrange(layer, q, cache, rotary)``: called in every layer with the block's pre-RoPE queries
     before it attends, it may replace the layer's cached entries (re-packed at 0..n-1), e.g. InfLLM
-    loading the memory blocks those queries retrieve.
+    loading the memory blocks those queries retrieve. Sliding-window layers are never handed to a
+    policy: the engine keeps their last ``window - 1`` entries itself (see ``LayerCache.window``).
     """
 
     score_window: int  # how many of the chunk's last queries the policy looks at (0: none)
@@ -56,6 +60,7 @@ class ModelShape:
     n_kv_heads: int
     head_dim: int
     window: int
+    sliding_layers: tuple[int, ...] = ()   # layers with a sliding attention window (kept exactly, not compressed)
 
     @property
     def n_rep(self) -> int:
@@ -63,44 +68,140 @@ class ModelShape:
         return self.n_heads // self.n_kv_heads
 
 
-_LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
-_ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
-_EXTRA_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+def _layer_window(config, i: int) -> int | None:
+    """The sliding window of layer ``i`` as transformers' configs describe it (None: full attention)."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return window if types[i] == "sliding_attention" else None
+    if getattr(config, "use_sliding_window", True) is False:     # Qwen2-style switch
+        return None
+    if (max_window := getattr(config, "max_window_layers", None)) is not None and i >= max_window:
+        return None
+    return window
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
-    """Check that ``model`` is a Llama-style rotary decoder and read its dimensions."""
+    """Check that ``model`` is a rotary decoder-only LM whose layers the engine can drive, and read its
+    dimensions. Refusals here are up-front and structural; ``Engine`` then checks numerically."""
     cfg = model.config
     base = getattr(model, "model", None)
     name = getattr(cfg, "model_type", type(model).__name__)
-    if base is None or not hasattr(base, "layers") or not hasattr(base, "embed_tokens"):
-        raise UnsupportedModelError(f"model type '{name}' is not a decoder-only model with `model.layers`")
-    if getattr(base, "rotary_emb", None) is None:
+    rotary = any(hasattr(cfg, a) for a in ("rope_parameters", "rope_theta", "rotary_dim", "rotary_pct"))
+    if getattr(base, "rotary_emb", None) is None and not rotary:
         raise UnsupportedModelError(f"model type '{name}' has no rotary position embedding; REFORM re-packs "
                                     "positions with RoPE and cannot run it")
-    layer = base.layers[0]
-    missing = [p for p in _LAYER_PARTS if not hasattr(layer, p)] + \
-        [p for p in _ATTN_PARTS if not hasattr(layer.self_attn, p)]
-    if missing or any(hasattr(layer, p) for p in _EXTRA_NORMS):
-        raise UnsupportedModelError(f"model type '{name}' has a decoder layer the engine does not know "
-                                    f"(missing {missing or 'nothing'}; extra norms present)")
+    if base is None or not hasattr(base, "layers") or not hasattr(base, "embed_tokens") \
+            or not hasattr(model, "lm_head") or not hasattr(base, "norm") or not hasattr(base, "rotary_emb"):
+        raise UnsupportedModelError(f"model type '{name}' is not laid out as model.embed_tokens / model.layers / "
+                                    "model.norm / model.rotary_emb / lm_head, the layout the engine drives")
+    for why, present in (
+            ("multi-head latent attention (keys with separately rotated parts)", hasattr(cfg, "kv_lora_rank")),
+            ("bidirectional attention", bool(getattr(cfg, "use_bidirectional_attention", False))),
+            ("chunked local attention", bool(getattr(cfg, "attention_chunk_size", None)))):
+        if present:
+            raise UnsupportedModelError(f"model type '{name}' uses {why}, which the engine does not support")
+    for i, layer in enumerate(base.layers):
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or getattr(attn, "layer_idx", None) != i:
+            raise UnsupportedModelError(f"model type '{name}': decoder layer {i} has no self-attention module "
+                                        "the engine can drive (hybrid or linear-attention layers are not supported)")
+        if not getattr(attn, "is_causal", True):
+            raise UnsupportedModelError(f"model type '{name}': layer {i}'s attention is not causal")
     n_heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
     return ModelShape(n_layers=len(base.layers), n_heads=n_heads,
                       n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
-                      head_dim=head_dim, window=cfg.max_position_embeddings)
+                      head_dim=head_dim, window=cfg.max_position_embeddings,
+                      sliding_layers=tuple(i for i in range(len(base.layers)) if _layer_window(cfg, i)))
+
+
+class _Exit(Exception):
+    """Raised inside the layer loop to stop after the early-exit layer's Q/K/V."""
+
+
+# Keyword arguments model attention modules pass to the attention function that the engine either
+# honours (scaling, sliding_window, softcap) or that do not change the result at inference.
+_ATTN_KWARGS = {"dropout", "scaling", "sliding_window", "softcap", "position_ids", "cache_position", "use_cache",
+                "output_attentions", "layer_idx"}
+
+
+@dataclass
+class _Call:
+    """One ``Engine.forward``: what the attention function and the cache adapter need to know."""
+
+    cache: KVCache
+    starts: list[int]
+    hook: Hook | None
+    policy: EvictionPolicy | None
+    exit_layer: int | None    # the layer whose Q/K/V alone run (early exit), or None
+
+
+class _CacheAdapter:
+    """What a transformers attention module sees as its cache: appends the new keys (keeping their
+    pre-RoPE copy) and values of layer ``layer_idx`` to our ``KVCache`` and returns all of them."""
+
+    is_compileable = False
+
+    def __init__(self, engine: "Engine"):
+        self.engine = engine
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        call = self.engine._call
+        if layer_idx >= len(call.cache.layers):   # the early-exit layer: nothing is cached
+            return key_states, value_states
+        lc = call.cache.layers[layer_idx]
+        k_rot = key_states[0]
+        lc.append(self.engine.rotary.unrotate(k_rot, call.starts[layer_idx], layer_idx), k_rot, value_states[0])
+        return lc.keys[None], lc.values[None]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        call = self.engine._call
+        return call.starts[layer_idx] if layer_idx < len(call.starts) else 0
+
+
+ATTENTION_NAME = "reform"
+_DRIVING: ContextVar["Engine"] = ContextVar("reform_engine")   # the engine whose forward is running
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, sliding_window=None, softcap=None,
+               **kwargs):
+    """The attention function the model's own attention modules call while the engine drives them
+    (registered in transformers' ``AttentionInterface``). Queries and keys arrive rotated by the model."""
+    engine = _DRIVING.get()
+    unknown = sorted(k for k, v in kwargs.items() if k not in _ATTN_KWARGS and v is not None)
+    if unknown:
+        raise UnsupportedModelError(f"its attention takes {', '.join(unknown)}, which the engine does not support")
+    return engine._attend(module.layer_idx, query[0], key[0], value[0], scaling, sliding_window, softcap)
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, _attention)
 
 
 class Engine:
-    """Runs a Llama-style HF causal LM chunk by chunk on a (possibly compressed) KV cache."""
+    """Runs an HF causal LM chunk by chunk on a (possibly compressed) KV cache.
 
-    def __init__(self, model: torch.nn.Module):
+    The model's own decoder-layer modules run (so norms, multipliers, soft-capping, MoE blocks and
+    per-layer RoPE come from the model's code); the engine owns only what REFORM needs: which layers run
+    (early exit), every token's position (re-packing after eviction), what the cache holds, the pre-RoPE
+    Q/K/V taps and the eviction scores from the last queries. At construction it checks numerically that
+    it computes what the model's own forward computes, and refuses the model otherwise.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, check: bool = True):
         self.shape = model_shape(model)
         self.model = model.eval()
-        base = model.model
+        base, cfg = model.model, model.config
+        self.name = getattr(cfg, "model_type", type(model).__name__)
         self.embed, self.layers, self.norm = base.embed_tokens, base.layers, base.norm
+        self.embedding_multiplier = getattr(base, "embedding_multiplier", None)   # Granite
         self.lm_head = model.lm_head
-        self.rotary = Rotary(base.rotary_emb, self.shape.head_dim)
+        self.rotary = Rotary(model)
         attn = self.layers[0].self_attn
         self.scaling = getattr(attn, "scaling", self.shape.head_dim ** -0.5)
         self.device = self.embed.weight.device
@@ -108,9 +209,14 @@ class Engine:
         self.max_positions = self.shape.window   # positions beyond are refused (see ``past_window``)
         self.flops = FlopCounter()               # model FLOPs executed so far (the benchmark reads it)
         self._layer_flops = [linear_flops_per_token(layer) for layer in self.layers]
-        self._qkv_flops = [linear_flops_per_token(torch.nn.ModuleList([layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                                                       layer.self_attn.v_proj])) for layer in self.layers]
+        self._qkv_flops = [qkv_flops_per_token(layer.self_attn) for layer in self.layers]
         self._head_flops = 2 * self.lm_head.weight.numel()
+        self._windows = [_layer_window(cfg, i) for i in range(self.shape.n_layers)]
+        self._adapter = _CacheAdapter(self)
+        self._call: _Call | None = None
+        _register_attention()
+        if check:
+            self._check_against_model()
 
     @contextmanager
     def past_window(self, positions: int):
@@ -122,70 +228,151 @@ class Engine:
         finally:
             self.max_positions = old
 
+    @contextmanager
+    def _driving(self, call: _Call):
+        """Route the model's attention modules to ``_attention`` for the duration of one forward."""
+        configs = {id(m.config): m.config for m in [self.model, *(layer.self_attn for layer in self.layers)]
+                   if hasattr(m, "config")}
+        saved = {k: c._attn_implementation for k, c in configs.items()}
+        self._call, token = call, _DRIVING.set(self)
+        try:
+            for c in configs.values():
+                c._attn_implementation = ATTENTION_NAME
+            yield
+        finally:
+            for k, c in configs.items():
+                c._attn_implementation = saved[k]
+            self._call = None
+            _DRIVING.reset(token)
+
     # ---------------------------------------------------------------- one block of tokens
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, *, hook: Hook | None = None,
                 policy: EvictionPolicy | None = None, qkv_only_next: bool = False) -> torch.Tensor:
         """Run ``ids`` (1-D) through the first ``len(cache.layers)`` layers on top of ``cache``.
 
-        The block sits at positions ``cache.length ..``; returns the last layer's hidden states [T, hidden].
-        ``qkv_only_next``: then compute only the Q/K/V states of the following layer for ``hook`` (early exit
-        at a layer whose attention output nobody reads: its attention and MLP are skipped).
+        In each layer the block sits at positions ``layer cache length ..`` (sliding-window layers keep
+        fewer entries; attention depends only on distances); returns the last layer's hidden states
+        [T, hidden] (before the final norm). ``qkv_only_next``: then compute only the Q/K/V states of the
+        following layer for ``hook`` (early exit at a layer whose attention output nobody reads).
         """
-        start, t = cache.length, ids.shape[0]
-        self._check_positions(start, t)
-        x = self.embed(ids.to(self.device))
-        for i, lc in enumerate(cache.layers):
-            x = self._layer(i, x, lc, start, hook, policy)
+        t, n = ids.shape[0], len(cache.layers)
+        self._check_positions(cache.length, t)
+        x = self.embed(ids.to(self.device)[None])
+        if self.embedding_multiplier is not None:
+            x = x * self.embedding_multiplier
+        starts = [lc.length for lc in cache.layers]
         if qkv_only_next:
-            i = len(cache.layers)
-            hook.on_qkv(i, *self._qkv(i, x))
-            self.flops.add("linear", self._qkv_flops[i] * t)
-        return x
+            starts.append(cache.length)
+        call = _Call(cache, starts, hook, policy, n if qkv_only_next else None)
+        with self._driving(call):
+            try:
+                for i in range(len(starts)):
+                    x = self._layer(i, x, starts[i])
+            except _Exit:
+                self.flops.add("linear", self._qkv_flops[n] * t)
+        for i, lc in enumerate(cache.layers):
+            if self._windows[i] is not None:
+                lc.window = self._windows[i]
+                lc.trim_to_window(self.rotary)
+        return x[0]
 
     def _check_positions(self, start: int, t: int) -> None:
         if start + t > self.max_positions:
             raise ValueError(f"positions up to {start + t - 1} would exceed the model's window "
                              f"({self.max_positions}); lower the chunk size or the cache budget")
 
-    def _qkv(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s pre-RoPE query, key and value states of hidden states ``x``, each [heads, T, D]."""
-        attn, s, t = self.layers[i].self_attn, self.shape, x.shape[0]
-        h = self.layers[i].input_layernorm(x)
-        q = attn.q_proj(h).view(t, s.n_heads, s.head_dim)
-        k = attn.k_proj(h).view(t, s.n_kv_heads, s.head_dim)
-        v = attn.v_proj(h).view(t, s.n_kv_heads, s.head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms come before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-
-    def _layer(self, i: int, x: torch.Tensor, lc: LayerCache, start: int, hook, policy) -> torch.Tensor:
-        layer, s = self.layers[i], self.shape
-        attn, t = layer.self_attn, x.shape[0]
-        q, k, v = self._qkv(i, x)
-        if hook is not None:
-            hook.on_qkv(i, q, k, v)
-        if (arrange := getattr(policy, "arrange", None)) is not None:
-            arrange(i, q, lc, self.rotary)          # the policy may swap in what these queries retrieve
-            start = lc.length
-            self._check_positions(start, t)
-        q_rot = self.rotary.rotate(q, start)
-        lc.append(k, self.rotary.rotate(k, start), v)
-        out = causal_attention(q_rot, lc.keys, lc.values, start, self.scaling)
+    def _layer(self, i: int, x: torch.Tensor, start: int) -> torch.Tensor:
+        t = x.shape[1]
+        out = self.layers[i](x, attention_mask=None, position_ids=torch.arange(start, start + t, device=x.device)[None],
+                             cache=self._adapter, use_cache=True, position_embeddings=self.rotary.cos_sin(i, start, t, x))
         self.flops.add("linear", self._layer_flops[i] * t)
+        return out[0] if isinstance(out, tuple) else out
+
+    def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling, window, softcap):
+        """Layer ``i``'s attention for the current call: Q/K/V taps, the policy's arrangement and scores."""
+        call, s = self._call, self.shape
+        start, t = call.starts[i], q.shape[1]
+        scaling = self.scaling if scaling is None else scaling
+        hook, policy = call.hook, call.policy
+        if hook is not None and i in getattr(hook, "layers", (i,)):
+            k_pre = self.rotary.unrotate(k, start, i) if i == call.exit_layer else call.cache.layers[i].keys_pre[:, start:]
+            hook.on_qkv(i, self.rotary.unrotate(q, start, i), k_pre, v[:, -t:])
+        if i == call.exit_layer:
+            raise _Exit
+        lc = call.cache.layers[i]
+        if (arrange := getattr(policy, "arrange", None)) is not None:
+            q, start = self._arrange(arrange, i, q, lc, start)
+            k, v = lc.keys, lc.values
+        out = causal_attention(q, k, v, start, scaling, window=window, softcap=softcap)
         self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, t))
-        if policy is not None and policy.score_window:
+        if policy is not None and policy.score_window and window is None:
             w = min(policy.score_window, t)
-            policy.observe(i, attention_received(q_rot[:, -w:], lc.keys, self.scaling), lc, t)
+            policy.observe(i, attention_received(q[:, -w:], lc.keys, scaling, softcap), lc, t)
             self.flops.add("eviction_scores", 2 * s.n_heads * s.head_dim * w * lc.length)
-        x = x + attn.o_proj(out.transpose(0, 1).reshape(t, -1))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return out.transpose(0, 1)[None], None
+
+    def _arrange(self, arrange, i: int, q: torch.Tensor, lc: LayerCache, start: int):
+        """Let the policy replace layer ``i``'s entries before the block (the block's own entries are set
+        aside and re-appended after them); the block then sits right after what the policy arranged."""
+        q_pre = self.rotary.unrotate(q, start, i)
+        block_pre, block_v = lc.keys_pre[:, start:], lc.values[:, start:]
+        lc.truncate(start)
+        arrange(i, q_pre, lc, self.rotary)
+        start = lc.length
+        self._check_positions(start, q.shape[1])
+        lc.append(block_pre, self.rotary.rotate(block_pre, start, i), block_v)
+        return self.rotary.rotate(q_pre, start, i), start
+
+    def _check_against_model(self, n: int = 12) -> None:
+        """Refuse the model unless the engine's logits equal the model's own forward on a short input:
+        once in one block, and once in two blocks with the cache re-packed in between (pre-RoPE keys
+        rotated afresh). Catches model-level code the engine does not run (embedding or logit scaling),
+        attention features it does not honour, and layers that do not go through the attention interface."""
+        g = torch.Generator().manual_seed(0)
+        vocab = self.lm_head.weight.shape[0]
+        ids = torch.randint(0, vocab, (n,), generator=g).to(self.device)
+        try:
+            with torch.inference_mode():
+                ref = self.model(ids[None]).logits[0].float()
+                ours = self.logits(self.forward(ids, KVCache.empty(self.shape.n_layers)))
+                cache = KVCache.empty(self.shape.n_layers)
+                first = self.logits(self.forward(ids[:n // 2], cache))
+                for lc in cache.layers:
+                    lc.keep(torch.arange(lc.length, device=self.device).expand(lc.keys.shape[0], -1), self.rotary)
+                chunked = torch.cat([first, self.logits(self.forward(ids[n // 2:], cache))])
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"model type '{self.name}': {e}") from None
+        except Exception as e:  # a layer the engine cannot drive: refuse, never half-run
+            first_line = (str(e).strip().splitlines() or [""])[0][:160]
+            raise UnsupportedModelError(f"model type '{self.name}': the engine cannot drive its decoder layers "
+                                        f"({type(e).__name__}: {first_line})") from None
+        self.flops.reset()
+        if any(lc.length == 0 for lc in cache.layers):
+            raise UnsupportedModelError(f"model type '{self.name}': its attention does not go through "
+                                        "transformers' attention interface and cache, which the engine drives")
+        scale = ref.abs().max().clamp(min=1e-6)
+        diff = max(float((ours - ref).abs().max() / scale), float((chunked - ref).abs().max() / scale))
+        tol = 1e-4 if self.dtype == torch.float32 else 3e-2
+        if not diff <= tol:
+            raise UnsupportedModelError(f"model type '{self.name}': the engine's logits differ from the model's "
+                                        f"own forward (relative difference {diff:.1e} on a {n}-token check), so "
+                                        "it computes something this engine does not")
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM-head logits (float32) of hidden states from the full stack of layers."""
+        """LM-head logits (float32) of hidden states from the full stack of layers, with the model's own
+        output scaling: Granite's ``logits_scaling``, Cohere's ``logit_scale``, Gemma's final soft-cap."""
         self.flops.add("lm_head", self._head_flops * hidden.shape[0])
+        cfg = self.model.config
         with torch.inference_mode():
-            return self.lm_head(self.norm(hidden)).float()
+            logits = self.lm_head(self.norm(hidden))
+            if (div := getattr(cfg, "logits_scaling", None)) is not None:
+                logits = logits / div
+            if (mul := getattr(self.model, "logit_scale", None)) is not None and not isinstance(mul, torch.nn.Module):
+                logits = logits * mul
+            if (cap := getattr(cfg, "final_logit_softcapping", None)) is not None:
+                logits = torch.tanh(logits / cap) * cap
+            return logits.float()
 
     # ---------------------------------------------------------------- the chunk loop
     def prefill(self, ids: torch.Tensor, cache: KVCache, *, chunk_size: int, hook: Hook | None = None,
@@ -200,17 +387,25 @@ class Engine:
         if chunk_size < 1:
             raise ValueError("chunk size must be positive")
         hidden = None
-        for s in range(0, ids.shape[0], chunk_size):
-            piece = ids[s:s + chunk_size]
-            if hook is not None:
-                hook.begin(offset + s, piece.shape[0])
-            hidden = self.forward(piece, cache, hook=hook, policy=policy, qkv_only_next=qkv_only_next)
-            if policy is not None:
-                if (observe_output := getattr(policy, "observe_output", None)) is not None:
-                    observe_output(piece, hidden)
-                policy.compress(cache, self.rotary)
-            if progress is not None:
-                progress(piece.shape[0])
+        # without eviction the chunks form one sequence: length-dependent RoPE picks its frequencies for
+        # all of it, as transformers does for one forward call over it
+        span = cache.length + ids.shape[0] if policy is None else None
+        with self.rotary.spanning(span):
+            for s in range(0, ids.shape[0], chunk_size):
+                hidden = self._chunk(ids[s:s + chunk_size], cache, offset + s, hook, policy, qkv_only_next, progress)
+        return hidden
+
+    def _chunk(self, piece, cache, offset, hook, policy, qkv_only_next, progress) -> torch.Tensor:
+        """One chunk of ``prefill``: forward, then the policy's compression."""
+        if hook is not None:
+            hook.begin(offset, piece.shape[0])
+        hidden = self.forward(piece, cache, hook=hook, policy=policy, qkv_only_next=qkv_only_next)
+        if policy is not None:
+            if (observe_output := getattr(policy, "observe_output", None)) is not None:
+                observe_output(piece, hidden)
+            policy.compress(cache, self.rotary)
+        if progress is not None:
+            progress(piece.shape[0])
         return hidden
 
     # ---------------------------------------------------------------- generation

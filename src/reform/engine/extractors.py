@@ -73,6 +73,11 @@ class HeadEmbeddings:
         return self.data.numel() * self.data.element_size()
 
     @property
+    def layers(self) -> set[int]:
+        """The layers whose Q/K/V states this extractor reads (the engine taps no others)."""
+        return set(self.groups)
+
+    @property
     def exit_layer(self) -> int:
         """The deepest embedding head's layer (early exit): the encoder runs the layers below it in full
         and of this one only the Q/K/V projections (``Engine.forward(..., qkv_only_next=True)``)."""

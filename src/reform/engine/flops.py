@@ -17,6 +17,14 @@ def linear_flops_per_token(layer: torch.nn.Module) -> int:
     return 2 * sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
 
 
+def qkv_flops_per_token(attn: torch.nn.Module) -> int:
+    """2 x (weights of the attention module's linears but its output projection): the Q/K/V FLOPs of
+    one token (separate ``q_proj``/``k_proj``/``v_proj`` or a fused ``qkv_proj``)."""
+    out = getattr(attn, "o_proj", None) or getattr(attn, "dense", None)
+    skip = out.weight.numel() if isinstance(out, torch.nn.Linear) else 0
+    return linear_flops_per_token(attn) - 2 * skip
+
+
 def causal_attention_flops(n_heads: int, head_dim: int, start: int, t: int) -> int:
     """QK^T and PV for ``t`` queries at positions start..start+t-1, each attending to the keys up to
     itself: sum_i (start + i + 1) keys, 2 matmuls of 2 FLOPs per multiply-add."""

@@ -62,7 +62,7 @@ class TopBudget:
 
     def compress(self, cache: KVCache, rotary: Rotary) -> None:
         for lc in cache.layers:
-            if lc.length > self.budget:
+            if lc.window is None and lc.length > self.budget:   # sliding-window layers trim themselves
                 forced = forced_mask(lc.length, self.keep_first, self.keep_last, lc.keys.device)
                 lc.keep(top_budget(self.rank(lc), self.budget, forced), rotary)
 
@@ -294,7 +294,7 @@ class InfLLM:
         cache.keys_pre, cache.values = splice(cache.keys_pre, mem.keys[:, idx]), splice(cache.values, mem.values[:, idx])
         if cache.scores is not None:
             cache.scores = splice(cache.scores, mem.scores[:, idx])
-        cache.keys = rotary.rotate(cache.keys_pre, 0)
+        cache.keys = rotary.rotate(cache.keys_pre, 0, layer)
         self._layout[layer] = (n_sink, idx.shape[0])
 
     def observe(self, layer: int, received: torch.Tensor, cache: LayerCache, n_new: int) -> None:

@@ -1,9 +1,25 @@
-"""Rotary position embedding, computed with the model's own rotary module (so scaled RoPE variants
-such as Llama-3's are honoured) and applied with the ``rotate_half`` layout used by HF checkpoints."""
+"""Rotary position embedding as the model itself computes it, at any positions, for any layer.
+
+The cos/sin tables come from the model's own rotary module (so every ``rope_type`` — default, linear,
+llama3, yarn, dynamic, longrope — and per-layer-type tables such as Gemma 3's local/global ones are
+honoured), and they are applied with the model's own ``apply_rotary_pos_emb`` (half-split, interleaved,
+or partial rotary with only the first ``rot_dim`` dimensions rotated). Layers that use no RoPE at all
+(SmolLM3's NoPE layers) rotate nothing.
+
+The engine needs two things HF's forward does not give: keys un-rotated (the cache keeps pre-RoPE keys
+so that kept entries can be re-packed at new positions exactly) and keys/queries rotated at positions of
+its choosing. A rotation by angle ``a`` (tables scaled by ``s``) is undone by the same formula with ``cos/s^2, -sin/s^2``.
+"""
 
 from __future__ import annotations
 
+import inspect
+import sys
+from contextlib import contextmanager
+
 import torch
+
+_LENGTH_DEPENDENT = ("dynamic", "longrope")   # rope types whose frequencies depend on the largest position
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -11,27 +27,114 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _half_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+def _rope_types(emb: torch.nn.Module) -> set[str]:
+    kinds = getattr(emb, "rope_type", "default")
+    return set(kinds.values()) if isinstance(kinds, dict) else {kinds}
+
+
 class Rotary:
-    """Wraps ``model.model.rotary_emb``; ``rotate(x, start)`` rotates ``x[..., t, :]`` to position ``start + t``."""
+    """``rotate(x, start, layer)`` turns pre-RoPE states ``x`` (``[..., T, head_dim]``) into the states the
+    model's layer ``layer`` computes at positions ``start..start+T-1``; ``unrotate`` is its inverse;
+    ``cos_sin`` gives the tables the layer itself is handed (``[1, T, rot_dim]``)."""
 
-    def __init__(self, rotary_emb: torch.nn.Module, head_dim: int):
-        self.emb = rotary_emb
-        self.head_dim = head_dim
-        self._cos = self._sin = None  # table for positions [0, len)
+    def __init__(self, model: torch.nn.Module):
+        base = model.model
+        self.emb = base.rotary_emb
+        self.config = model.config
+        self.head_dim = getattr(model.config, "head_dim", None) or \
+            model.config.hidden_size // model.config.num_attention_heads
+        layer_types = getattr(self.config, "layer_types", None)
+        takes_type = "layer_type" in inspect.signature(self.emb.forward).parameters
+        self.table_key = [layer_types[i] if takes_type and layer_types else None for i in range(len(base.layers))]
+        self.uses_rope = [bool(getattr(layer.self_attn, "use_rope", True)) for layer in base.layers]
+        self.length_dependent = bool(_rope_types(self.emb) & set(_LENGTH_DEPENDENT))
+        self._apply = [self._pick_apply(layer.self_attn) for layer in base.layers]
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._span: int | None = None
 
-    def table(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for positions 0..n-1, ``[n, head_dim]``, cached and grown on demand."""
-        if self._cos is None or self._cos.shape[0] < n or self._cos.dtype != like.dtype \
-                or self._cos.device != like.device:
-            size = max(n, 2 * (0 if self._cos is None else self._cos.shape[0]))
-            pos = torch.arange(size, device=like.device).unsqueeze(0)
-            cos, sin = self.emb(like, pos)
-            self._cos, self._sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
-        return self._cos[:n], self._sin[:n]
+    @contextmanager
+    def spanning(self, n: int | None):
+        """Inside the block, length-dependent rope types use the frequencies transformers picks for a
+        forward call over ``n`` positions (one sequence prefilled in chunks then equals one call over it)."""
+        old, self._span = self._span, n
+        try:
+            yield
+        finally:
+            self._span = old
+    @staticmethod
+    def _pick_apply(attn: torch.nn.Module):
+        """The module's own ``apply_rotary_pos_emb`` (one tensor at a time), or the fast half-split formula
+        when the module's function computes exactly that."""
+        fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+        if fn is None:
+            return _half_split
+        own = lambda x, cos, sin: fn(x, x, cos, sin, unsqueeze_dim=0)[0]
+        g = torch.Generator().manual_seed(0)
+        x, ang = torch.randn(3, 5, 8, generator=g), torch.rand(5, 4, generator=g) * 6
+        cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+        try:
+            same = torch.equal(own(x, cos, sin), _half_split(x, cos, sin))
+        except TypeError:   # a signature without ``unsqueeze_dim``
+            own = lambda x, cos, sin: fn(x, x, cos, sin)[0]
+            same = False
+        return _half_split if same else own
 
-    def rotate(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate ``x`` (``[..., T, head_dim]``) to positions ``start..start+T-1``."""
-        t = x.shape[-2]
-        cos, sin = self.table(start + t, x)
-        cos, sin = cos[start:start + t], sin[start:start + t]
-        return x * cos + rotate_half(x) * sin
+    def cos_sin(self, layer: int, start: int, t: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin the model hands layer ``layer`` for positions ``start..start+T-1``, ``[1, T, rot_dim]``.
+
+        Length-dependent rope types (dynamic NTK, longrope) use the frequencies of a forward call whose
+        last position is ``start + T - 1``, or of the whole span set by ``spanning``; the others come from
+        one table."""
+        kind = self.table_key[layer]
+        if self.length_dependent:
+            if self._span is None or start + t > self._span:
+                return self._call(like, torch.arange(start, start + t, device=like.device)[None], kind)
+            key = (kind, like.dtype, like.device, self._span)
+            if key not in self._tables:
+                self._tables = {k: v for k, v in self._tables.items() if len(k) == 3}   # one span at a time
+                self._tables[key] = self._call(like, torch.arange(self._span, device=like.device)[None], kind)
+            cos, sin = self._tables[key]
+            return cos[:, start:start + t], sin[:, start:start + t]
+        key = (kind, like.dtype, like.device)
+        cos, sin = self._tables.get(key, (None, None))
+        if cos is None or cos.shape[1] < start + t:
+            size = max(start + t, 2 * (0 if cos is None else cos.shape[1]))
+            cos, sin = self._call(like, torch.arange(size, device=like.device)[None], kind)
+            self._tables[key] = cos, sin
+        return cos[:, start:start + t], sin[:, start:start + t]
+
+    def _call(self, like, pos, kind):
+        cos, sin = self.emb(like, pos) if kind is None else self.emb(like, pos, kind)
+        return cos.to(like.dtype), sin.to(like.dtype)
+
+    def rotate(self, x: torch.Tensor, start: int, layer: int = 0, *, inverse: bool = False) -> torch.Tensor:
+        """Rotate ``x`` (``[H, T, D]``) to positions ``start..start+T-1`` as layer ``layer`` does."""
+        if not self.uses_rope[layer]:
+            return x
+        cos, sin = self.cos_sin(layer, start, x.shape[-2], x)
+        cos, sin = cos[0], sin[0]
+        if inverse:   # tables may carry an attention scale s (YaRN, longrope): undo s too, not just the angle
+            norm = cos * cos + sin * sin
+            cos, sin = cos / norm, -sin / norm
+        return self._with(layer, x, cos, sin)
+
+    def unrotate(self, x: torch.Tensor, start: int, layer: int = 0) -> torch.Tensor:
+        """Pre-RoPE states of ``x`` rotated at ``start..``: the same rotation by minus the angle."""
+        return self.rotate(x, start, layer, inverse=True)
+
+    def at(self, x: torch.Tensor, positions: torch.Tensor, layer: int = 0) -> torch.Tensor:
+        """Rotate ``x`` (``[H, T, D]``) to arbitrary ``positions`` (``[T]``)."""
+        if not self.uses_rope[layer]:
+            return x
+        cos, sin = self._call(x, positions[None], self.table_key[layer])
+        return self._with(layer, x, cos[0], sin[0])
+
+    def _with(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = cos.shape[-1]
+        if r == x.shape[-1]:
+            return self._apply[layer](x, cos, sin)
+        return torch.cat([self._apply[layer](x[..., :r], cos, sin), x[..., r:]], dim=-1)   # partial rotary

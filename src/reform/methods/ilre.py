@@ -119,8 +119,7 @@ def key_positions(n: int, chunk_size: int, sink: int, dca: bool, device=None) ->
 
 def rotate_at(engine: Engine, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ([heads, T, D]) to arbitrary ``positions`` ([T]) with the model's own rotary module."""
-    cos, sin = engine.rotary.emb(x, positions[None])
-    return x * cos[0] + rotate_half(x) * sin[0]
+    return engine.rotary.at(x, positions)
 
 
 def attention_scores(engine: Engine, q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor,

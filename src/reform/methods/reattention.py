@@ -150,7 +150,7 @@ class ReAttentionPolicy:
             return
         idx = self.selection(q, store)
         cache.keys_pre, cache.values, cache.scores = store.keys[:, idx], store.values[:, idx], None
-        cache.keys = rotary.rotate(cache.keys_pre, 0)              # fresh contiguous positions (Eq. 3)
+        cache.keys = rotary.rotate(cache.keys_pre, 0, layer)              # fresh contiguous positions (Eq. 3)
         self._from_store[layer] = idx.shape[0]
 
     def observe(self, layer: int, received: torch.Tensor, cache: LayerCache, n_new: int) -> None:

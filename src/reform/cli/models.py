@@ -1,0 +1,40 @@
+"""``reform models``: which model types the engine runs exactly as transformers does, and which it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .main import app, err, out
+
+
+@app.command()
+def models(all_types: bool = typer.Option(False, "--all", help="also every other causal-LM model type transformers "
+                                          "ships, with its default config (tiny sizes)"),
+           out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table (markdown) here")):
+    """Check every model type / variant against transformers (tiny random weights, offline): one-shot and
+    chunked prefill logits and greedy tokens, or the engine's refusal. Prints a markdown table."""
+    import transformers
+
+    from ..conformance import VARIANTS, all_variants, check, table
+    from .main import CliError, fail
+
+    if out_file is not None and not out_file.parent.is_dir():
+        fail(CliError(f"folder not found for --out: {out_file.parent}"))
+    variants = all_variants() if all_types else VARIANTS
+    results = []
+    with err.status("") as status:
+        for name, (model_type, overrides) in variants.items():
+            status.update(f"checking {name} ({len(results) + 1}/{len(variants)})")
+            results.append(check(name, model_type, overrides))
+    text = (f"transformers {transformers.__version__}; {sum(r.status == 'equal' for r in results)} equal, "
+            f"{sum(r.status == 'refused' for r in results)} refused, "
+            f"{sum(r.status == 'not built' for r in results)} not built offline, "
+            f"{sum(r.status == 'different' for r in results)} different\n\n" + table(results))
+    out.print(text, markup=False)
+    if out_file is not None:
+        out_file.write_text(text + "\n")
+    if any(r.status == "different" for r in results):
+        raise typer.Exit(1)

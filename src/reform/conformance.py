@@ -1,0 +1,183 @@
+"""The conformance contract: for every decoder model type transformers ships, the engine either computes
+exactly what transformers computes, or refuses the model up front with one true sentence.
+
+Each model type (and the variants that matter for long inputs: sliding windows, every ``rope_type``,
+soft-capping, multipliers, MoE, qk-norms, partial rotary, NoPE layers) is built from its config class
+with tiny random weights, offline, and run three ways against transformers itself:
+
+- one-shot prefill logits vs ``model(ids).logits``;
+- chunked prefill (several chunks, unbounded cache) vs the same logits;
+- greedy tokens vs ``model.generate``.
+
+Inputs are longer than any sliding window in the variants, so sliding-window layers are exercised.
+``reform models`` prints the table; ``tests/test_conformance.py`` asserts "equal or refused" for every row.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .engine.cache import KVCache
+from .engine.core import Engine, UnsupportedModelError
+
+SEQ = 80            # prompt tokens: longer than the variants' sliding window (32)
+CHUNK = 24          # chunked-prefill chunk size
+NEW_TOKENS = 6      # greedy tokens compared with model.generate
+TOLERANCE = 1e-4    # max |logit difference| (fp32) for "equal"
+WINDOW = 256        # max_position_embeddings of the tiny configs
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=WINDOW, initializer_range=0.1,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+            num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32, n_routed_experts=4, n_shared_experts=1)
+
+
+def _rope(kind: str, **extra) -> dict:
+    return {"rope_parameters": {"rope_type": kind, "rope_theta": 10000.0, **extra}}
+
+
+_LONGROPE = dict(short_factor=[1.0 + i / 16 for i in range(8)], long_factor=[2.0 + i / 8 for i in range(8)],
+                 original_max_position_embeddings=64)
+
+# name -> (model type, config overrides): the families people run on long documents, and the variants
+# of each that change what a layer computes.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "llama": ("llama", {}),
+    "llama (llama3 rope)": ("llama", _rope("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                           original_max_position_embeddings=64)),
+    "llama (yarn rope)": ("llama", _rope("yarn", factor=4.0, original_max_position_embeddings=64)),
+    "llama (linear rope)": ("llama", _rope("linear", factor=2.0)),
+    "llama (dynamic rope)": ("llama", _rope("dynamic", factor=2.0)),
+    "llama (longrope)": ("llama", _rope("longrope", **_LONGROPE)),
+    "mistral": ("mistral", {"sliding_window": None}),
+    "mistral (sliding window)": ("mistral", {"sliding_window": 32}),
+    "mixtral": ("mixtral", {"sliding_window": None}),
+    "mixtral (sliding window)": ("mixtral", {"sliding_window": 32}),
+    "qwen2": ("qwen2", {}),
+    "qwen2 (sliding window)": ("qwen2", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 2}),
+    "qwen2_moe": ("qwen2_moe", {}),
+    "qwen3": ("qwen3", {}),
+    "qwen3 (sliding window)": ("qwen3", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 2}),
+    "qwen3_moe": ("qwen3_moe", {}),
+    "gemma": ("gemma", {}),
+    "gemma2": ("gemma2", {"sliding_window": 32}),
+    "gemma3 (5 local : 1 global)": ("gemma3_text", {"sliding_window": 32, "num_hidden_layers": 6}),
+    "phi3": ("phi3", {}),
+    "phi3 (longrope, partial rotary)": ("phi3", {**_rope("longrope", short_factor=[1.0, 1.1, 1.2, 1.3],
+                                                         long_factor=[2.0, 2.5, 3.0, 3.5],
+                                                         original_max_position_embeddings=64,
+                                                         partial_rotary_factor=0.5),
+                                                 "partial_rotary_factor": 0.5}),
+    "smollm3 (NoPE layers)": ("smollm3", {"no_rope_layer_interval": 2}),
+    "granite (multipliers)": ("granite", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+                                          "attention_multiplier": 0.2, "logits_scaling": 3.0}),
+    "olmo": ("olmo", {}),
+    "olmo (clip_qkv)": ("olmo", {"clip_qkv": 0.5}),
+    "olmo2": ("olmo2", {}),
+    "cohere": ("cohere", {"logit_scale": 0.5}),
+    "stablelm (partial rotary)": ("stablelm", {"partial_rotary_factor": 0.25}),
+    "stablelm (qk-layernorm)": ("stablelm", {"qk_layernorm": True}),
+    "starcoder2": ("starcoder2", {"sliding_window": None}),
+    "starcoder2 (sliding window)": ("starcoder2", {"sliding_window": 32}),
+    "glm": ("glm", {}),
+    "phi": ("phi", {}),
+    "gpt_neox": ("gpt_neox", {}),
+    "falcon": ("falcon", {}),
+    "deepseek_v3": ("deepseek_v3", {}),
+}
+
+
+def decoder_model_types() -> list[str]:
+    """Every model type transformers maps to a causal-LM class."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def all_variants() -> dict[str, tuple[str, dict]]:
+    """The named variants, then every other causal-LM model type with its defaults (tiny sizes)."""
+    out = dict(VARIANTS)
+    named = {t for t, _ in VARIANTS.values()}
+    out.update({t: (t, {}) for t in decoder_model_types() if t not in named})
+    return out
+
+
+class NotBuildable(Exception):
+    """The model type cannot be built offline from its config class with tiny sizes."""
+
+
+def build(model_type: str, overrides: dict | None = None, seed: int = 0) -> torch.nn.Module:
+    """A tiny random-weight model of ``model_type`` (fp32, eager attention: transformers' reference path)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    sizes = {**TINY, **(overrides or {})}
+    for attempt in (sizes, {k: v for k, v in sizes.items() if k != "head_dim"}):   # some configs derive head_dim
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cfg = AutoConfig.for_model(model_type, **attempt)
+                torch.manual_seed(seed)
+                return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+        except Exception as e:  # unknown to this transformers, sub-configs, optional packages...
+            error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:120]}"
+    raise NotBuildable(error)
+
+
+@dataclass
+class Result:
+    name: str
+    model_type: str
+    status: str            # "equal", "refused", "different", "not built"
+    detail: str = ""
+    one_shot: float | None = None   # max |logit difference|
+    chunked: float | None = None
+    tokens_equal: bool | None = None
+
+
+@torch.inference_mode()
+def check(name: str, model_type: str, overrides: dict | None = None) -> Result:
+    """Build one variant and compare the engine with transformers (see the module docstring)."""
+    try:
+        model = build(model_type, overrides)
+    except NotBuildable as e:
+        return Result(name, model_type, "not built", str(e))
+    try:
+        engine = Engine(model)
+    except UnsupportedModelError as e:
+        return Result(name, model_type, "refused", str(e))
+    g = torch.Generator().manual_seed(1)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(3, vocab, (SEQ,), generator=g)
+    ref = model(ids[None]).logits[0].float()
+    one = engine.logits(engine.forward(ids, KVCache.empty(engine.shape.n_layers)))
+    cache, parts = KVCache.empty(engine.shape.n_layers), []
+    with engine.rotary.spanning(SEQ):   # one sequence in chunks, as Engine.prefill runs it
+        for s in range(0, SEQ, CHUNK):
+            parts.append(engine.logits(engine.forward(ids[s:s + CHUNK], cache)))
+    chunked = torch.cat(parts)
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    hf_tokens = model.generate(ids[None], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0, SEQ:].tolist()
+    hf_tokens = hf_tokens[:next((i for i, x in enumerate(hf_tokens) if x in eos), len(hf_tokens))]
+    ours = list(engine.generate(ids, max_new_tokens=NEW_TOKENS, eos_ids=eos, chunk_size=CHUNK))
+    d1, d2 = float((one - ref).abs().max()), float((chunked - ref).abs().max())
+    ok = d1 <= TOLERANCE and d2 <= TOLERANCE and ours == hf_tokens
+    return Result(name, model_type, "equal" if ok else "different",
+                  "" if ok else f"one-shot {d1:.1e}, chunked {d2:.1e}, tokens {ours} vs {hf_tokens}",
+                  d1, d2, ours == hf_tokens)
+
+
+def table(results: list[Result]) -> str:
+    """Markdown table: model type / variant -> supported or refused, and why."""
+    rows = ["| model type / variant | result | max logit diff (one-shot / chunked) | why |", "|---|---|---|---|"]
+    for r in results:
+        diff = f"{r.one_shot:.1e} / {r.chunked:.1e}" if r.one_shot is not None else ""
+        label = {"equal": "**equal to transformers**", "refused": "refused", "different": "DIFFERENT",
+                 "not built": "not built offline"}[r.status]
+        rows.append(f"| {r.name} | {label} | {diff} | {r.detail.replace('|', '/')} |")
+    return "\n".join(rows)
