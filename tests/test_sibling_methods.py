@@ -67,7 +67,7 @@ def test_attention_scores_match_a_dense_softmax(tiny_model):
     from reform.engine import Engine
     eng, g = Engine(tiny_model), torch.Generator().manual_seed(1)
     q, keys = torch.randn(4, 6, 16, generator=g), torch.randn(2, 300, 16, generator=g)
-    got = attention_scores(eng, q, torch.arange(300, 306), keys, torch.arange(300), tile=64)
+    got = attention_scores(eng, 0, q, torch.arange(300, 306), keys, torch.arange(300), tile=64)
     qr, kr = eng.rotary.rotate(q, 300), eng.rotary.rotate(keys, 0).repeat_interleave(2, 0)   # head h -> KV h // 2
     probs = (qr @ kr.transpose(1, 2) * eng.scaling).softmax(-1)             # [4, 6, 300] at once
     torch.testing.assert_close(got, probs.amax(dim=(0, 1)), atol=1e-6, rtol=1e-4)
@@ -96,8 +96,8 @@ def test_ilre_encodes_no_layer_above_the_retrieval_layer_and_only_its_keys(token
     mlp, q_proj, k_proj = (calls(model, p) for p in ("mlp", "self_attn.q_proj", "self_attn.k_proj"))
     ctx = pipe.encode(CONTEXT)
     chunks = 1 + -(-(ctx.ids.shape[0] - 4 - 128) // 128)                    # first chunk 4 + 128 tokens
-    assert dict(mlp) == {0: chunks, 1: chunks} and dict(q_proj) == {0: chunks, 1: chunks}
-    assert dict(k_proj) == {0: chunks, 1: chunks, 2: chunks}                # layer 2: keys only; 3 never
+    assert dict(mlp) == {0: chunks, 1: chunks}                             # layer 2: projections only; 3 never
+    assert dict(q_proj) == dict(k_proj) == {0: chunks, 1: chunks, 2: chunks}
     assert ctx.state.shape == (2, ctx.ids.shape[0], 16) and len(ctx.cache.layers) == 2
     assert ctx.cache.length == 68                                           # 4 sinks + 64-token window
     for counter in (mlp, q_proj, k_proj):

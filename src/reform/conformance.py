@@ -28,6 +28,7 @@ CHUNK = 24          # chunked-prefill chunk size
 NEW_TOKENS = 6      # greedy tokens compared with model.generate
 TOLERANCE = 1e-4    # max |logit difference| (fp32) for "equal"
 WINDOW = 256        # max_position_embeddings of the tiny configs
+MAX_PARAMETERS = 60_000_000  # a "tiny" build larger than this did not take the tiny sizes: not built
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=WINDOW, initializer_range=0.1,
@@ -121,8 +122,15 @@ def build(model_type: str, overrides: dict | None = None, seed: int = 0) -> torc
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cfg = AutoConfig.for_model(model_type, **attempt)
+                with torch.device("meta"):   # count first: sub-configs may keep full-size defaults
+                    size = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+                if size > MAX_PARAMETERS:
+                    raise NotBuildable(f"{size / 1e6:.0f}M parameters at tiny sizes (sub-configs keep full-size "
+                                       "defaults)")
                 torch.manual_seed(seed)
                 return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+        except NotBuildable:
+            raise
         except Exception as e:  # unknown to this transformers, sub-configs, optional packages...
             error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:120]}"
     raise NotBuildable(error)

@@ -76,10 +76,10 @@ class LayerCache:
         self.keep(torch.arange(self.length - m, self.length, device=self.keys.device).expand(self.keys.shape[0], -1),
                   rotary)
 
-    def trim_to_window(self, rotary: Rotary, slack: int = RESERVE) -> None:
+    def trim_to_window(self, rotary: Rotary, slack: int = 0) -> None:
         """A sliding-window layer's next query reads only the last ``window - 1`` entries: drop the rest
-        (exact, not an approximation). Done once ``slack`` entries have piled up, so decoding does not
-        re-pack every token."""
+        (exact, not an approximation). Done once ``slack`` entries have piled up (decoding passes some, so
+        it does not re-pack every token)."""
         if self.window is not None and self.length > self.window - 1 + slack:
             self.keep_last(self.window - 1, rotary)
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 import torch
 
 from .attention import attention_received, causal_attention
-from .cache import KVCache, LayerCache
+from .cache import RESERVE, KVCache, LayerCache
 from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token, qkv_flops_per_token
 from .rope import Rotary
 
@@ -91,8 +91,8 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
     name = getattr(cfg, "model_type", type(model).__name__)
     rotary = any(hasattr(cfg, a) for a in ("rope_parameters", "rope_theta", "rotary_dim", "rotary_pct"))
     if getattr(base, "rotary_emb", None) is None and not rotary:
-        raise UnsupportedModelError(f"model type '{name}' has no rotary position embedding; REFORM re-packs "
-                                    "positions with RoPE and cannot run it")
+        raise UnsupportedModelError(f"model type '{name}' has no rotary position embedding the engine can drive "
+                                    "(model.rotary_emb); REFORM re-packs positions with RoPE and cannot run it")
     if base is None or not hasattr(base, "layers") or not hasattr(base, "embed_tokens") \
             or not hasattr(model, "lm_head") or not hasattr(base, "norm") or not hasattr(base, "rotary_emb"):
         raise UnsupportedModelError(f"model type '{name}' is not laid out as model.embed_tokens / model.layers / "
@@ -106,8 +106,9 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
     for i, layer in enumerate(base.layers):
         attn = getattr(layer, "self_attn", None)
         if attn is None or getattr(attn, "layer_idx", None) != i:
-            raise UnsupportedModelError(f"model type '{name}': decoder layer {i} has no self-attention module "
-                                        "the engine can drive (hybrid or linear-attention layers are not supported)")
+            raise UnsupportedModelError(f"model type '{name}': decoder layer {i} has no `self_attn` module with its "
+                                        "own layer index, which the engine drives (hybrid, linear-attention and "
+                                        "mixture-of-attention layers are not supported)")
         if not getattr(attn, "is_causal", True):
             raise UnsupportedModelError(f"model type '{name}': layer {i}'s attention is not causal")
     n_heads = cfg.num_attention_heads
@@ -274,7 +275,7 @@ class Engine:
         for i, lc in enumerate(cache.layers):
             if self._windows[i] is not None:
                 lc.window = self._windows[i]
-                lc.trim_to_window(self.rotary)
+                lc.trim_to_window(self.rotary, slack=min(RESERVE, lc.window) if t == 1 else 0)
         return x[0]
 
     def _check_positions(self, start: int, t: int) -> None:

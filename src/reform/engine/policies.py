@@ -187,13 +187,15 @@ class InfiniPot(TopBudget):
         for lc in cache.layers:   # the chunk's NuC scores join its entries
             new = self._nll.expand(lc.keys.shape[0], -1)
             lc.scores = new if lc.scores is None else torch.cat([lc.scores, new], dim=1)
-        if cache.length <= self.budget:
+        if max((lc.length for lc in cache.layers if lc.window is None), default=0) <= self.budget:
             return
         cap = _ReceivedFrom(cache.length, self.catalyst.shape[0])
         self.engine.forward(self.catalyst, cache.clone(), policy=cap)
         n_forced = self.keep_first + self.keep_last
         n_cap = n_forced + round((self.budget - n_forced) * (1 - self.nuc_share))
         for i, lc in enumerate(cache.layers):
+            if lc.window is not None:     # sliding-window layers trim themselves
+                continue
             forced = forced_mask(lc.length, self.keep_first, self.keep_last, lc.keys.device)
             by_cap = top_budget(cap.by_layer[i], n_cap, forced)
             chosen = torch.zeros_like(lc.scores, dtype=torch.bool).scatter_(1, by_cap, True)

@@ -81,6 +81,8 @@ class Rotary:
         except TypeError:   # a signature without ``unsqueeze_dim``
             own = lambda x, cos, sin: fn(x, x, cos, sin)[0]
             same = False
+        except RuntimeError:   # tables of another shape: the engine's check against the model decides
+            same = False
         return _half_split if same else own
 
     def cos_sin(self, layer: int, start: int, t: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

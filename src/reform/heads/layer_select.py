@@ -27,7 +27,7 @@ from ..data.haystack import haystack
 from ..engine.cache import KVCache
 from ..engine.layout import QuestionPart, Templater, as_tensor
 from ..engine.policies import StreamingLLM
-from ..methods.ilre import ILReConfig, allocate, attention_scores, key_positions, stream
+from ..methods.ilre import ILReConfig, LayerStates, allocate, attention_scores, key_positions, stream
 
 WORDS = ["dog", "cat", "yellow", "red", "blue", "cup", "green", "house", "tree", "river", "apple", "stone",
          "bird", "chair", "cloud", "lamp", "horse", "window", "bread", "garden", "silver", "ocean", "paper", "road"]
@@ -57,37 +57,23 @@ def passkey_sample(tmpl: Templater, length: int, rng: random.Random, segment: in
     return PasskeySample(ids, part, torch.arange(len(head), len(head) + len(value_ids)))
 
 
-class _States:
-    """Hook that keeps one kind ("q" or "k") of pre-RoPE state of every layer for a whole block of tokens."""
-
-    def __init__(self, kind: str, n_layers: int, n_heads: int, n_tokens: int, head_dim: int, dtype, device):
-        self.kind, self.span = kind, slice(0, 0)
-        self.data = torch.empty(n_layers, n_heads, n_tokens, head_dim, dtype=dtype, device=device)
-
-    def begin(self, offset: int, length: int) -> None:
-        self.span = slice(offset, offset + length)
-
-    def on_qkv(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.data[layer, :, self.span] = (q if self.kind == "q" else k).to(self.data.dtype)
-
-
 @torch.inference_mode()
 def sample_recalls(pipe, sample: PasskeySample, config: ILReConfig, budget: int) -> tuple[list[float], list[bool]]:
     """Per layer: fraction of the passkey's tokens ILRe with l_R = layer selects, and whether all are."""
     engine, s = pipe.engine, pipe.engine.shape
     ids, n = as_tensor(sample.ids, engine.device), len(sample.ids)
-    keys = _States("k", s.n_layers, s.n_kv_heads, n, s.head_dim, config.key_dtype, engine.device)
+    keys = LayerStates(range(s.n_layers), "k", s.n_kv_heads, n, s.head_dim, config.key_dtype, engine.device)
     cache = KVCache.empty(s.n_layers)
     policy = StreamingLLM(config.cache_budget, config.keep_first)
     stream(engine, ids, cache, chunk_size=config.chunk_size, sink=config.keep_first, policy=policy, hook=keys)
-    queries = _States("q", s.n_layers, s.n_heads, len(sample.part.ids), s.head_dim, engine.dtype, engine.device)
-    queries.begin(0, len(sample.part.ids))
+    queries = LayerStates(range(s.n_layers), "q", s.n_heads, len(sample.part.ids), s.head_dim, engine.dtype,
+                          engine.device)
     engine.forward(as_tensor(sample.part.ids, engine.device), cache, hook=queries)   # one more streaming chunk
     q_pos = torch.arange(n, n + len(sample.part.ids), device=engine.device)
     k_pos = key_positions(n, config.chunk_size, config.keep_first, config.dca, engine.device)
     gold, fractions, exact = sample.gold.to(engine.device), [], []
     for layer in range(s.n_layers):
-        scores = attention_scores(engine, queries.data[layer], q_pos, keys.data[layer], k_pos)
+        scores = attention_scores(engine, layer, queries.states[layer], q_pos, keys.states[layer], k_pos)
         hit = torch.isin(gold, allocate(scores, budget, config.keep_first, config.max_kernels, config.avg_kernels))
         fractions.append(float(hit.float().mean()))
         exact.append(bool(hit.all()))

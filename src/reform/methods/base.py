@@ -70,6 +70,8 @@ class Method:
 
     name: ClassVar[str]
     Config: ClassVar[type | None] = None   # dataclass of the method's options; None: it takes none
+    # False for methods whose per-layer cache arrangement assumes every layer attends to all it holds
+    sliding_windows: ClassVar[bool] = True
 
     def __init__(self, config=None):
         self.config = config
@@ -83,6 +85,10 @@ class Method:
     def create(cls, shape: ModelShape, model_name: str, defaults: dict | None = None, **options) -> "Method":
         """The method with its config built from ``options`` (``None`` values: default) over ``defaults``
         (a model preset's tuned values, for the fields the config has), scaled to ``shape``'s window."""
+        if shape.sliding_layers and not cls.sliding_windows:
+            raise ValueError(f"method '{cls.name}' does not support models with sliding-window layers "
+                             f"(layers {', '.join(map(str, shape.sliding_layers[:8]))}"
+                             f"{' ...' if len(shape.sliding_layers) > 8 else ''})")
         config = build_config(cls.name, cls.Config, options, defaults)
         return cls(config.resolve(shape) if config is not None else None)
 

@@ -4,8 +4,9 @@ Compression in Causal Language Models", arXiv 2508.17892).
 1. **Encode** (§3.3): the context streams chunk by chunk (the first chunk ``S`` tokens longer) through the
    layers below the retrieval layer l_R, each keeping only ``S`` sink tokens and a ``W``-token sliding
    window of K/V (the engine's StreamingLLM policy, the "Λ-like mask" of §3.1). At layer l_R only the keys
-   of the context are computed, stored for every token in half precision, and the pass exits there: no
-   layer above l_R runs, and layer l_R computes nothing but its key projection.
+   of the context are kept, stored for every token in half precision, and the pass exits there: no
+   layer above l_R runs, and layer l_R runs only its attention module's Q/K/V projections (the model's own
+   module computes them together).
 2. **Score** (Eq. 4-5): the query part (question + answer prefix) runs through the same layers as one more
    streaming chunk; its layer-l_R queries attend to all stored keys (softmax over the context, sink
    included), and each context token scores the max over heads and query tokens of that attention.
@@ -53,7 +54,6 @@ from ..engine.cache import KVCache
 from ..engine.core import Engine, ModelShape
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import StreamingLLM
-from ..engine.rope import rotate_half
 from ..stats import Timer
 from .base import Context, Method, register
 from .options import pick, require_positive, require_room
@@ -66,43 +66,35 @@ AVG_KERNELS = tuple(range(1, 17))
 
 
 # ------------------------------------------------------------------ encode: streaming layers, keys at l_R
-def projected(engine: Engine, layer: int, hidden: torch.Tensor, kind: str) -> torch.Tensor:
-    """Layer ``layer``'s pre-RoPE queries (``kind`` "q") or keys ("k") of the hidden states entering it,
-    ``[heads, T, D]``; nothing else of the layer runs."""
-    attn, t, d = engine.layers[layer].self_attn, hidden.shape[0], engine.shape.head_dim
-    x = getattr(attn, f"{kind}_proj")(engine.layers[layer].input_layernorm(hidden)).view(t, -1, d)
-    if hasattr(attn, f"{kind}_norm"):           # Qwen3-style per-head norm, before RoPE
-        x = getattr(attn, f"{kind}_norm")(x)
-    return x.transpose(0, 1)
+class LayerStates:
+    """A hook that stores some layers' pre-RoPE query or key states of every token it sees: ``states[j]`` is
+    layer ``layers[j]``'s, ``[heads, N, D]`` (the engine taps them from the model's own attention module,
+    so q/k norms and clipping are the model's)."""
+
+    def __init__(self, layers: Sequence[int], kind: str, n_heads: int, n_tokens: int, head_dim: int,
+                 dtype: torch.dtype, device):
+        self.layers, self.kind, self._at = list(layers), kind, 0
+        self.states = torch.empty(len(self.layers), n_heads, n_tokens, head_dim, dtype=dtype, device=device)
+
+    def begin(self, offset: int, length: int) -> None:
+        self._at = offset
+
+    def on_qkv(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        x = q if self.kind == "q" else k
+        self.states[self.layers.index(layer), :, self._at:self._at + x.shape[1]] = x.to(self.states.dtype)
 
 
 def stream(engine: Engine, ids: torch.Tensor, cache: KVCache, *, chunk_size: int, sink: int, policy, hook=None,
-           progress: Callable[[int], None] | None = None) -> None:
+           progress: Callable[[int], None] | None = None, qkv_only_next: bool = False) -> None:
     """Streaming chunked prefill (§4 default settings): a first chunk of ``sink + chunk_size`` tokens, then
-    chunks of ``chunk_size``, each on the sink + sliding-window cache that ``policy`` keeps."""
+    chunks of ``chunk_size``, each on the sink + sliding-window cache that ``policy`` keeps (with
+    ``qkv_only_next``, the layer after the cache's layers, l_R, computes only its Q/K/V for ``hook``)."""
     first = sink + chunk_size
-    engine.prefill(ids[:first], cache, chunk_size=first, policy=policy, hook=hook, progress=progress)
+    engine.prefill(ids[:first], cache, chunk_size=first, policy=policy, hook=hook, progress=progress,
+                   qkv_only_next=qkv_only_next)
     if ids.shape[0] > first:
         engine.prefill(ids[first:], cache, chunk_size=chunk_size, policy=policy, hook=hook, offset=first,
-                       progress=progress)
-
-
-class RetrievalKeys(StreamingLLM):
-    """Sink + sliding window in the layers below l_R, and the layer-l_R keys of every context token: the
-    engine hands each chunk's hidden states (the output of layer l_R - 1) to ``observe_output``, and only
-    layer l_R's key projection runs on them. Keys are pre-allocated for the whole context (§3.3 step 4)."""
-
-    def __init__(self, engine: Engine, layer: int, n_tokens: int, sink: int, window: int, dtype: torch.dtype):
-        super().__init__(budget=sink + window, keep_first=sink)
-        s = engine.shape
-        self.engine, self.layer, self._at = engine, layer, 0
-        self.keys = torch.empty(s.n_kv_heads, n_tokens, s.head_dim, dtype=dtype, device=engine.device)
-
-    @torch.inference_mode()
-    def observe_output(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        t = ids.shape[0]
-        self.keys[:, self._at:self._at + t] = projected(self.engine, self.layer, hidden, "k").to(self.keys.dtype)
-        self._at += t
+                       progress=progress, qkv_only_next=qkv_only_next)
 
 
 # ------------------------------------------------------------------ score (Eq. 4-5)
@@ -117,25 +109,21 @@ def key_positions(n: int, chunk_size: int, sink: int, dca: bool, device=None) ->
     return pos + (n_chunks - 2 - chunk).clamp(min=0) * chunk_size
 
 
-def rotate_at(engine: Engine, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ([heads, T, D]) to arbitrary ``positions`` ([T]) with the model's own rotary module."""
-    return engine.rotary.at(x, positions)
-
-
-def attention_scores(engine: Engine, q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor,
+def attention_scores(engine: Engine, layer: int, q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor,
                      k_pos: torch.Tensor, tile: int = 1 << 14) -> torch.Tensor:
     """max over query heads and query tokens of softmax(q K^T / sqrt(d)) over all ``keys`` (Eq. 4-5), [N].
 
-    ``q`` [H, Tq, D] and ``keys`` [H_kv, N, D] are pre-RoPE and rotated here at ``q_pos`` / ``k_pos``; query
+    ``q`` [H, Tq, D] and ``keys`` [H_kv, N, D] are pre-RoPE and rotated here at ``q_pos`` / ``k_pos`` with
+    layer ``layer``'s own RoPE (``Rotary.at``); query
     head h reads KV head h // (H / H_kv). The [H x Tq x N] probabilities are never held at once: a first
     pass over ``tile``-key slices accumulates each row's log-sum-exp, a second takes the max of the
     normalised probabilities slice by slice (float32 throughout)."""
     h, tq, d = q.shape
     h_kv, n, _ = keys.shape
-    qr = rotate_at(engine, q.float(), q_pos).reshape(h_kv, -1, d) * engine.scaling     # [H_kv, rep*Tq, D]
+    qr = engine.rotary.at(q.float(), q_pos, layer).reshape(h_kv, -1, d) * engine.scaling   # [H_kv, rep*Tq, D]
 
     def logits(s: int) -> torch.Tensor:
-        k = rotate_at(engine, keys[:, s:s + tile].float(), k_pos[s:s + tile])
+        k = engine.rotary.at(keys[:, s:s + tile].float(), k_pos[s:s + tile], layer)
         return qr @ k.transpose(1, 2)                                              # [H_kv, rep*Tq, tile]
 
     lse = torch.full(qr.shape[:2], float("-inf"), device=keys.device)
@@ -255,22 +243,27 @@ class ILRe(Method):
         c, engine, n = self.config, pipe.engine, ids.shape[0]
         if n <= c.recompute_budget:            # everything will be recomputed: nothing to retrieve from
             return Context(pipe, self, ids)
-        keys = RetrievalKeys(engine, c.retrieval_layer, n, c.keep_first, c.cache_budget - c.keep_first, c.key_dtype)
-        cache = KVCache.empty(c.retrieval_layer)        # early exit: layers >= l_R never run
-        stream(engine, ids, cache, chunk_size=c.chunk_size, sink=c.keep_first, policy=keys, progress=progress)
-        return Context(pipe, self, ids, cache=cache, state=keys.keys)
+        s = engine.shape
+        keys = LayerStates([c.retrieval_layer], "k", s.n_kv_heads, n, s.head_dim, c.key_dtype, engine.device)
+        cache = KVCache.empty(c.retrieval_layer)        # early exit: layers > l_R never run, l_R only its Q/K/V
+        policy = StreamingLLM(budget=c.cache_budget, keep_first=c.keep_first)
+        stream(engine, ids, cache, chunk_size=c.chunk_size, sink=c.keep_first, policy=policy, hook=keys,
+               progress=progress, qkv_only_next=True)
+        return Context(pipe, self, ids, cache=cache, state=keys.states[0])
 
     def query_states(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """The query part's layer-l_R queries, pre-RoPE [H, Tq, D]: one more streaming chunk (A6)."""
-        engine = ctx.pipeline.engine
-        hidden = engine.forward(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone())
-        return projected(engine, self.config.retrieval_layer, hidden, "q")
+        engine, s = ctx.pipeline.engine, ctx.pipeline.engine.shape
+        queries = LayerStates([self.config.retrieval_layer], "q", s.n_heads, len(part.ids), s.head_dim,
+                              engine.dtype, engine.device)
+        engine.forward(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone(), hook=queries, qkv_only_next=True)
+        return queries.states[0]
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         c, engine, n = self.config, ctx.pipeline.engine, ctx.ids.shape[0]
         q_pos = torch.arange(n, n + len(part.ids), device=ctx.ids.device)
         k_pos = key_positions(n, c.chunk_size, c.keep_first, c.dca, ctx.ids.device)
-        return attention_scores(engine, self.query_states(ctx, part), q_pos, ctx.state, k_pos)
+        return attention_scores(engine, c.retrieval_layer, self.query_states(ctx, part), q_pos, ctx.state, k_pos)
 
     @torch.inference_mode()
     def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:

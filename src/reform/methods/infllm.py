@@ -64,6 +64,7 @@ class InfLLMMethod(CachedMethod):
     and the answer is generated from sinks + those blocks + local window + question."""
 
     name = "infllm"
+    sliding_windows = False   # its arrangement splices retrieved entries into every layer
     Config = InfLLMConfig
 
     def state(self, policy: InfLLM):

@@ -216,6 +216,7 @@ class ReAttention(CachedMethod):
     and every generated token select again, layer by layer."""
 
     name = "reattention"
+    sliding_windows = False   # its arrangement splices retrieved entries into every layer
     Config = ReAttentionConfig
 
     def state(self, policy: ReAttentionPolicy) -> ReAttentionPolicy:

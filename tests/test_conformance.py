@@ -1,0 +1,140 @@
+"""The conformance contract: every decoder model type transformers ships is equal to transformers or refused
+up front; never accepted and different. Families people run on long documents must be equal, and REFORM
+must run on each at 4x its window; sliding-window layers stay exact under compression."""
+
+import pytest
+import torch
+
+from reform.conformance import VARIANTS, WINDOW, all_variants, build, check
+from reform.engine import KVCache, UnsupportedModelError
+from reform.engine.layout import as_tensor
+from reform.pipeline import Pipeline
+
+# the families issue 20 names, each of which must be "equal"; the other named variants may be refused
+REQUIRED = [name for name in VARIANTS if VARIANTS[name][0] not in ("phi", "gpt_neox", "falcon", "deepseek_v3")]
+OTHERS = [name for name in all_variants() if name not in REQUIRED]
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_required_family_equals_transformers(name):
+    model_type, overrides = VARIANTS[name]
+    r = check(name, model_type, overrides)
+    assert r.status == "equal", f"{name}: {r.status} {r.detail}"
+    assert r.one_shot <= 1e-4 and r.chunked <= 1e-4 and r.tokens_equal
+
+
+@pytest.mark.parametrize("name", OTHERS)
+def test_every_other_model_type_is_equal_or_refused(name):
+    model_type, overrides = all_variants()[name]
+    r = check(name, model_type, overrides)
+    if r.status == "not built":
+        pytest.skip(f"{name} cannot be built offline with tiny sizes: {r.detail}")
+    assert r.status in ("equal", "refused"), f"{name}: accepted and different: {r.detail}"
+    if r.status == "refused":
+        assert r.detail.startswith(f"model type '{model_type}'") and "\n" not in r.detail
+
+
+def test_refusal_happens_before_any_work_and_says_why():
+    model = build("deepseek_v3")
+    with pytest.raises(UnsupportedModelError, match="multi-head latent attention"):
+        Pipeline(model, _Tok())
+
+
+class _Tok:
+    """Byte tokenizer for the 128-token vocabularies of the conformance configs."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = [3 + b % 120 for b in text.encode()]
+        return {"input_ids": ([1] if add_special_tokens else []) + ids}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(32 + i % 90) for i in ids)
+
+
+TEXT = "".join(f"Record {i}: the value of key {i * 7 % 97} is {i * 13 % 89}. " for i in range(40))   # ~1.9k bytes
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_reform_runs_at_four_times_the_window(name):
+    model_type, overrides = VARIANTS[name]
+    model = build(model_type, overrides)
+    pipe = Pipeline(model, _Tok(), heads="1:v:0,2:k:1", chunk_size=64, cache_budget=64, recompute_budget=96)
+    text = TEXT[:4 * WINDOW + 40]
+    ctx = pipe.encode(text)
+    assert ctx.ids.shape[0] > 4 * WINDOW
+    question = "What is the value of key 14?"
+    answer = ctx.ask(question, max_new_tokens=4)
+    assert answer.stats["recomputed_tokens"] == 96 + len(pipe.templater.question(question).ids)
+    assert ctx.cache.length <= 64 + 64     # the encode stayed inside the window
+
+
+def hf_greedy(model, ids, n):
+    out = model.generate(ids[None], max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[0]:].tolist()
+
+
+SLIDING = ["mistral (sliding window)", "gemma3 (5 local : 1 global)"]
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_reform_with_covering_budget_equals_hf_past_the_sliding_window(name):
+    model_type, overrides = VARIANTS[name]
+    model = build(model_type, overrides)
+    pipe = Pipeline(model, _Tok(), heads="1:v:0,2:k:1", chunk_size=48, cache_budget=64, recompute_budget=200)
+    ctx = pipe.encode(TEXT[:150])                  # 151 tokens: past the sliding window of 32
+    part = pipe.templater.question("What is key 7?")
+    answer = ctx.ask("What is key 7?", max_new_tokens=6)
+    plain = torch.cat([ctx.ids, as_tensor(part.ids, "cpu")])
+    assert answer.stats["recomputed_tokens"] == plain.shape[0]
+    assert answer.tokens == hf_greedy(model, plain, 6)[:len(answer.tokens)]
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_sliding_layers_keep_only_their_window_and_stay_exact_under_compression(name):
+    """H2O with a cache budget covering the input: global layers keep everything, sliding layers are trimmed
+    to their window by the engine (not by the policy), and the answer equals HF's on the whole input."""
+    model_type, overrides = VARIANTS[name]
+    model = build(model_type, overrides)
+    pipe = Pipeline(model, _Tok(), method="h2o", chunk_size=48, cache_budget=200)
+    ctx = pipe.encode(TEXT[:190])
+    window = overrides["sliding_window"]
+    sliding = set(pipe.engine.shape.sliding_layers)
+    assert sliding          # Mistral: every layer slides; Gemma 3: five of six
+    for i, lc in enumerate(ctx.cache.layers):
+        if i in sliding:
+            assert lc.window == window and lc.length < ctx.ids.shape[0]
+        else:
+            assert lc.window is None and lc.length == ctx.ids.shape[0]
+    part = pipe.templater.question("What is key 7?")
+    answer = ctx.ask("What is key 7?", max_new_tokens=6)
+    plain = torch.cat([ctx.ids, as_tensor(part.ids, "cpu")])
+    assert answer.tokens == hf_greedy(model, plain, 6)[:len(answer.tokens)]
+
+
+def test_sliding_window_attention_reads_only_the_window():
+    from reform.engine.attention import causal_attention
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, 6, 8), torch.randn(2, 20, 8), torch.randn(2, 20, 8)
+    got = causal_attention(q, k, v, 14, 0.3, window=5, softcap=2.0)
+    kr, vr = k[[0, 0, 1, 1]], v[[0, 0, 1, 1]]
+    qp, kp = (14 + torch.arange(6))[:, None], torch.arange(20)[None]
+    mask = (kp <= qp) & (kp > qp - 5)
+    logits = torch.tanh(q @ kr.transpose(1, 2) * 0.3 / 2.0) * 2.0
+    ref = logits.masked_fill(~mask, float("-inf")).softmax(-1) @ vr
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_trimmed_sliding_cache_gives_the_same_logits_as_the_untrimmed_one():
+    model = build(*VARIANTS["mistral (sliding window)"])
+    from reform.engine import Engine
+    engine = Engine(model)
+    ids = torch.randint(3, 120, (400,), generator=torch.Generator().manual_seed(0))
+    cache = KVCache.empty(engine.shape.n_layers)
+    logits = [engine.logits(engine.forward(ids[s:s + 50], cache)) for s in range(0, 400, 50)]
+    assert max(lc.length for lc in cache.layers) < 400       # trimmed to the window (+ slack)
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    torch.testing.assert_close(torch.cat(logits), ref, atol=1e-4, rtol=1e-4)
