@@ -111,7 +111,7 @@ def test_gqa_head_mapping_in_attention():
 
 
 def test_rotate_matches_hf_rotary(tiny_model):
-    rot = Rotary(tiny_model)
+    rot = Rotary(tiny_model.model.rotary_emb, [l.self_attn for l in tiny_model.model.layers], tiny_model.config)
     x = torch.randn(2, 7, 16)
     cos, sin = tiny_model.model.rotary_emb(x, torch.arange(5, 12)[None])
     from transformers.models.llama.modeling_llama import rotate_half

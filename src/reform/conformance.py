@@ -67,6 +67,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "gemma": ("gemma", {}),
     "gemma2": ("gemma2", {"sliding_window": 32}),
     "gemma3 (5 local : 1 global)": ("gemma3_text", {"sliding_window": 32, "num_hidden_layers": 6}),
+    "gemma3 (multimodal checkpoint class, text only)": (
+        "gemma3", {"text_config": {**TINY, "sliding_window": 32, "num_hidden_layers": 6},
+                   "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                     "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+                   "mm_tokens_per_image": 4}),
     "phi3": ("phi3", {}),
     "phi3 (longrope, partial rotary)": ("phi3", {**_rope("longrope", short_factor=[1.0, 1.1, 1.2, 1.3],
                                                          long_factor=[2.0, 2.5, 3.0, 3.5],

@@ -6,6 +6,7 @@ import json
 import random
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -111,8 +112,14 @@ def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_bud
                "recompute_budget": recompute_budget, **(extra or {})}
     try:
         check_method_options(method, **options)
-        return Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
-                             **options)
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", UserWarning)
+            pipe = Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
+                                 **options)
+        for note in notes:   # ours (e.g. guessed embedding heads): one line each, not a Python warning
+            if "/reform/" in note.filename.replace("\\", "/"):
+                err.print(f"[yellow]note:[/] {note.message}", highlight=False)
+        return pipe
     except OptionError as e:
         raise option_error(e) from None
     except (ModelLoadError, UnsupportedModelError, ValueError) as e:

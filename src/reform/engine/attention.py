@@ -12,19 +12,21 @@ import torch.nn.functional as F
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float, *,
-                     window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                     window: int | None = None, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``q`` ([H, T, D], at positions start..start+T-1) over ``k``/``v`` ([H_kv, start+T, D]).
 
     Query head ``h`` reads KV head ``h // (H / H_kv)`` (``enable_gqa``), the layout of HF's ``repeat_kv``.
     ``window``: a sliding-window layer, where a query at position p reads only keys at p-window+1..p (as
     transformers' sliding masks); ``softcap``: logits squashed to ``softcap * tanh(logits / softcap)``
-    (Gemma 2).
+    (Gemma 2); ``sinks``: one learned logit per query head that joins every softmax and then is dropped
+    (GPT-OSS's attention sinks, ``s_aux``).
     """
     t, n = q.shape[1], k.shape[1]
     if n != start + t:
         raise ValueError(f"cache holds {n} keys, expected {start + t}")
-    if window is not None or softcap is not None:
-        return _masked_attention(q, k, v, start, scaling, window, softcap)
+    if window is not None or softcap is not None or sinks is not None:
+        return _masked_attention(q, k, v, start, scaling, window, softcap, sinks)
     gqa = q.shape[0] != k.shape[0]
     if start == 0:
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=t > 1, scale=scaling,
@@ -40,9 +42,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return out[0]
 
 
-def _masked_attention(q, k, v, start, scaling, window, softcap, block: int = 256):
-    """Sliding-window and/or soft-capped attention, ``block`` queries at a time over only the keys that
-    block can read (so no chunk x cache matrix is held); softmax in float32 as transformers' eager path."""
+def _masked_attention(q, k, v, start, scaling, window, softcap, sinks=None, block: int = 256):
+    """Sliding-window, soft-capped and/or sink attention, ``block`` queries at a time over only the keys
+    that block can read (so no chunk x cache matrix is held); softmax in float32."""
     h, t, d = q.shape
     rep = h // k.shape[0]
     out = torch.empty_like(q)
@@ -60,8 +62,17 @@ def _masked_attention(q, k, v, start, scaling, window, softcap, block: int = 256
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
         logits = logits.float().masked_fill_(~allowed, float("-inf"))
-        out[:, s:e] = torch.softmax(logits, -1).to(q.dtype) @ vb
+        out[:, s:e] = _softmax(logits, sinks).to(q.dtype) @ vb
     return out
+
+
+def _softmax(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dimension of ``logits`` ([H, rows, N]); with ``sinks`` ([H]) each head's sink
+    logit joins the normalisation and its share is dropped."""
+    if sinks is None:
+        return torch.softmax(logits, -1)
+    sink = sinks.float().view(-1, 1, 1).expand(logits.shape[0], logits.shape[1], 1)
+    return torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
 
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -79,10 +90,11 @@ def _split_attention(q, k, v, start, scaling):
 
 
 def attention_received(q_last: torch.Tensor, k: torch.Tensor, scaling: float,
-                       softcap: float | None = None) -> torch.Tensor:
+                       softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention that each key receives from the last ``w`` queries, summed over queries and over
     the query heads sharing a KV head. ``q_last`` is [H, w, D] and sits at the last ``w`` positions of
-    ``k`` ([H_kv, N, D]), so causality masks only keys among the last ``w``. Returns [H_kv, N] float32."""
+    ``k`` ([H_kv, N, D]), so causality masks only keys among the last ``w``; ``softcap`` and ``sinks`` as in
+    ``causal_attention``. Returns [H_kv, N] float32."""
     h, w, d = q_last.shape
     h_kv, n, _ = k.shape
     rep = h // h_kv
@@ -93,5 +105,6 @@ def attention_received(q_last: torch.Tensor, k: torch.Tensor, scaling: float,
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
         logits.view(rep, w, n)[:, :, n - w:].masked_fill_(future, float("-inf"))
-        out[g] = torch.softmax(logits, -1).sum(0)
+        group_sinks = None if sinks is None else sinks[g * rep:(g + 1) * rep]
+        out[g] = _softmax(logits.view(rep, w, n), group_sinks).sum((0, 1))
     return out

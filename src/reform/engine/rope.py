@@ -41,18 +41,18 @@ class Rotary:
     model's layer ``layer`` computes at positions ``start..start+T-1``; ``unrotate`` is its inverse;
     ``cos_sin`` gives the tables the layer itself is handed (``[1, T, rot_dim]``)."""
 
-    def __init__(self, model: torch.nn.Module):
-        base = model.model
-        self.emb = base.rotary_emb
-        self.config = model.config
-        self.head_dim = getattr(model.config, "head_dim", None) or \
-            model.config.hidden_size // model.config.num_attention_heads
+    def __init__(self, rotary_emb: torch.nn.Module, attention: list, config):
+        """``rotary_emb``: the model's rotary module; ``attention``: each layer's attention module;
+        ``config``: the decoder's (text) config."""
+        self.emb = rotary_emb
+        self.config = config
         layer_types = getattr(self.config, "layer_types", None)
         takes_type = "layer_type" in inspect.signature(self.emb.forward).parameters
-        self.table_key = [layer_types[i] if takes_type and layer_types else None for i in range(len(base.layers))]
-        self.uses_rope = [bool(getattr(layer.self_attn, "use_rope", True)) for layer in base.layers]
+        self.table_key = [layer_types[i] if takes_type and layer_types else None for i in range(len(attention))]
+        self.uses_rope = [bool(getattr(attn, "use_rope", True)) for attn in attention]
         self.length_dependent = bool(_rope_types(self.emb) & set(_LENGTH_DEPENDENT))
-        self._apply = [self._pick_apply(layer.self_attn) for layer in base.layers]
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._apply, self._partial = zip(*(self._pick_apply(i, a, head_dim) for i, a in enumerate(attention)))
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._span: int | None = None
 
@@ -65,25 +65,30 @@ class Rotary:
             yield
         finally:
             self._span = old
-    @staticmethod
-    def _pick_apply(attn: torch.nn.Module):
-        """The module's own ``apply_rotary_pos_emb`` (one tensor at a time), or the fast half-split formula
-        when the module's function computes exactly that."""
+    def _pick_apply(self, layer: int, attn: torch.nn.Module, head_dim: int):
+        """How layer ``layer`` rotates a ``[H, T, head_dim]`` tensor with its tables: the fast half-split
+        formula when the module's own ``apply_rotary_pos_emb`` computes exactly that; else the module's
+        function on the whole head (it may rotate part of it itself, as GLM's and Phi-3's do, or take
+        half-size tables, as GPT-OSS's does); else, when it only accepts the first ``rot_dim`` dimensions
+        (StableLM, Phi), the function on those, the rest passed through."""
         fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
-        if fn is None:
-            return _half_split
-        own = lambda x, cos, sin: fn(x, x, cos, sin, unsqueeze_dim=0)[0]
+        table, _ = self._call(torch.zeros(1), torch.arange(2)[None], self.table_key[layer])
+        r = table.shape[-1]
         g = torch.Generator().manual_seed(0)
-        x, ang = torch.randn(3, 5, 8, generator=g), torch.rand(5, 4, generator=g) * 6
-        cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-        try:
-            same = torch.equal(own(x, cos, sin), _half_split(x, cos, sin))
-        except TypeError:   # a signature without ``unsqueeze_dim``
-            own = lambda x, cos, sin: fn(x, x, cos, sin)[0]
-            same = False
-        except RuntimeError:   # tables of another shape: the engine's check against the model decides
-            same = False
-        return _half_split if same else own
+        x, ang = torch.randn(3, 5, head_dim, generator=g), torch.rand(5, (r + 1) // 2, generator=g) * 6
+        cos, sin = torch.cat([ang.cos(), ang.cos()], -1)[:, :r], torch.cat([ang.sin(), ang.sin()], -1)[:, :r]
+        if fn is None:
+            return _half_split, r < head_dim
+        for own in (lambda x, cos, sin: fn(x, x, cos, sin, unsqueeze_dim=0)[0],
+                    lambda x, cos, sin: fn(x, x, cos, sin)[0]):                 # a signature without unsqueeze_dim
+            try:
+                whole = own(x, cos, sin)
+            except TypeError:
+                continue
+            except RuntimeError:                                                # only the rotated part fits
+                return own, True
+            return (_half_split if r == head_dim and torch.equal(whole, _half_split(x, cos, sin)) else own), False
+        return _half_split, r < head_dim
 
     def cos_sin(self, layer: int, start: int, t: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cos/sin the model hands layer ``layer`` for positions ``start..start+T-1``, ``[1, T, rot_dim]``.
@@ -136,7 +141,7 @@ class Rotary:
         return self._with(layer, x, cos[0], sin[0])
 
     def _with(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        r = cos.shape[-1]
-        if r == x.shape[-1]:
+        if not self._partial[layer]:
             return self._apply[layer](x, cos, sin)
+        r = cos.shape[-1]
         return torch.cat([self._apply[layer](x[..., :r], cos, sin), x[..., r:]], dim=-1)   # partial rotary

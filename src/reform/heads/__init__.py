@@ -69,9 +69,10 @@ def resolve_heads(spec: str | list | None, model_name: str, shape: ModelShape) -
     if spec is None or spec == "":
         preset = find_preset(model_name)
         if preset is None:
-            warnings.warn(f"no embedding-head preset for '{model_name}'; using value heads of layer "
-                          f"{int(0.4 * shape.n_layers)} (pass --heads for better retrieval)", stacklevel=2)
             heads = fallback_heads(shape)
+            warnings.warn(f"no embedding-head preset for '{model_name}': guessing heads {','.join(map(str, heads))} "
+                          "(value heads at 40 % depth); compute real ones with `reform heads select --model "
+                          f"{model_name} --out heads.json` and pass `--heads heads.json`", stacklevel=2)
         else:
             heads = preset["heads"]
     elif isinstance(spec, (list, tuple)):
