@@ -420,7 +420,9 @@ class Engine:
         try:
             n = ids.shape[0] // 2
             first = self.model(ids[None, :n], use_cache=True)
-            second = self.model(ids[None, n:], past_key_values=first.past_key_values, use_cache=True)
+            name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+            past = getattr(first, "cache", None) or first.past_key_values
+            second = self.model(ids[None, n:], use_cache=True, **{name: past})
             both = torch.cat([first.logits[0], second.logits[0]]).float()
             return float((both - ref).abs().max() / scale)
         except Exception:   # a model whose forward takes no cache this way: the fixed tolerance applies
