@@ -10,6 +10,8 @@ from reform.engine import KVCache, UnsupportedModelError
 from reform.engine.layout import as_tensor
 from reform.pipeline import Pipeline
 
+from conftest import CharTokenizer   # byte-level ids 0..127 fit the conformance configs' 128-token vocabulary
+
 # the families people run on long documents, each of which must be "equal"; falcon and deepseek_v3 are refused
 REQUIRED = [name for name in VARIANTS if VARIANTS[name][0] not in ("falcon", "deepseek_v3")]
 OTHERS = [name for name in all_variants() if name not in REQUIRED]
@@ -37,21 +39,7 @@ def test_every_other_model_type_is_equal_or_refused(name):
 def test_refusal_happens_before_any_work_and_says_why():
     model = build("deepseek_v3")
     with pytest.raises(UnsupportedModelError, match="multi-head latent attention"):
-        Pipeline(model, _Tok())
-
-
-class _Tok:
-    """Byte tokenizer for the 128-token vocabularies of the conformance configs."""
-
-    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=True):
-        ids = [3 + b % 120 for b in text.encode()]
-        return {"input_ids": ([1] if add_special_tokens else []) + ids}
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(32 + i % 90) for i in ids)
+        Pipeline(model, CharTokenizer())
 
 
 TEXT = "".join(f"Record {i}: the value of key {i * 7 % 97} is {i * 13 % 89}. " for i in range(40))   # ~1.9k bytes
@@ -61,7 +49,7 @@ TEXT = "".join(f"Record {i}: the value of key {i * 7 % 97} is {i * 13 % 89}. " f
 def test_reform_runs_at_four_times_the_window(name):
     model_type, overrides = VARIANTS[name]
     model = build(model_type, overrides)
-    pipe = Pipeline(model, _Tok(), heads="1:v:0,2:k:1", chunk_size=64, cache_budget=64, recompute_budget=96)
+    pipe = Pipeline(model, CharTokenizer(), heads="1:v:0,2:k:1", chunk_size=64, cache_budget=64, recompute_budget=96)
     text = TEXT[:4 * WINDOW + 40]
     ctx = pipe.encode(text)
     assert ctx.ids.shape[0] > 4 * WINDOW
@@ -83,7 +71,7 @@ SLIDING = ["mistral (sliding window)", "gemma3 (5 local : 1 global)"]
 def test_reform_with_covering_budget_equals_hf_past_the_sliding_window(name):
     model_type, overrides = VARIANTS[name]
     model = build(model_type, overrides)
-    pipe = Pipeline(model, _Tok(), heads="1:v:0,2:k:1", chunk_size=48, cache_budget=64, recompute_budget=200)
+    pipe = Pipeline(model, CharTokenizer(), heads="1:v:0,2:k:1", chunk_size=48, cache_budget=64, recompute_budget=200)
     ctx = pipe.encode(TEXT[:150])                  # 151 tokens: past the sliding window of 32
     part = pipe.templater.question("What is key 7?")
     answer = ctx.ask("What is key 7?", max_new_tokens=6)
@@ -98,7 +86,7 @@ def test_sliding_layers_keep_only_their_window_and_stay_exact_under_compression(
     to their window by the engine (not by the policy), and the answer equals HF's on the whole input."""
     model_type, overrides = VARIANTS[name]
     model = build(model_type, overrides)
-    pipe = Pipeline(model, _Tok(), method="h2o", chunk_size=48, cache_budget=200)
+    pipe = Pipeline(model, CharTokenizer(), method="h2o", chunk_size=48, cache_budget=200)
     ctx = pipe.encode(TEXT[:190])
     window = overrides["sliding_window"]
     sliding = set(pipe.engine.shape.sliding_layers)
