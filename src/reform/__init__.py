@@ -4,5 +4,5 @@ from .engine import Engine, HeadSpec
 from .methods import Answer, Context, ReformConfig
 from .pipeline import Pipeline
 
-__all__ = ["Engine", "HeadSpec", "Answer", "Context", "ReformConfig", "Pipeline"]
-__version__ = "0.1.0"
+__all__ = ["Engine", "HeadSpec", "Answer", "Context", "ReformConfig", "Pipeline", "__version__"]
+from .version import __version__

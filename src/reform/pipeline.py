@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -11,7 +14,10 @@ from .engine.core import Engine
 from .engine.layout import Templater, as_tensor
 from .heads import find_preset
 from .methods import REGISTRY, Answer, Context, Method
-from .model import load_model
+from .methods.options import options_from_json, options_json
+from .methods.saved import restore_context
+from .model import DEFAULT_MODEL, load_model
+from .store.format import ContextFileError, ids_sha256, read_manifest, read_tensors
 
 
 def method_class(name: str) -> type[Method]:
@@ -37,19 +43,87 @@ class Pipeline:
     """``pipe.encode(text)`` returns a ``Context``; ``context.ask(question)`` returns an ``Answer``."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, model_name: str | None = None,
-                 method: str = "reform", use_chat_template: bool = True, **method_options):
+                 method: str = "reform", use_chat_template: bool = True, source: str | None = None,
+                 **method_options):
         self.engine = Engine(model)
         self.tokenizer = tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or "model"
+        self.source = source or self.model_name     # what ``Pipeline.load`` / ``--model`` was given
         self.templater = Templater(tokenizer, use_chat_template)
         self.eos_ids = self.templater.eos_ids(model)
         self.method = make_method(method, self.engine, self.model_name, **method_options)
+        self._identity: dict | None = None
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str | None = None, dtype: str | None = None,
              **kwargs) -> "Pipeline":
         loaded = load_model(model, device=device, dtype=dtype)
-        return cls(loaded.model, loaded.tokenizer, model_name=loaded.name, **kwargs)
+        return cls(loaded.model, loaded.tokenizer, model_name=loaded.name, source=model or DEFAULT_MODEL, **kwargs)
+
+    # ---------------------------------------------------------------- identity and saved contexts
+    @property
+    def identity(self) -> dict:
+        """What a saved context must have been made with to be asked here: digests of the model's config,
+        a sample of its weights, its tokenizer and the prompt layout, and the dtype it runs in."""
+        if self._identity is None:
+            self._identity = model_identity(self)
+        return self._identity
+
+    def context_key(self, ids: torch.Tensor, method: Method | None = None) -> str:
+        """Content address of the context ``ids`` would encode to: same model, method options and ids,
+        same key (the store names files by it, so a document is encoded once)."""
+        method = method or self.method
+        ident = {k: v for k, v in self.identity.items() if k not in ("name", "source")}
+        blob = json.dumps([ident, method.name, options_json(method.config), ids_sha256(ids)], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def method_from(self, spec: dict) -> Method:
+        """The method a saved context names, rebuilt from its resolved options."""
+        name = spec.get("name")
+        if name not in REGISTRY:
+            raise ValueError(f"method '{name}' is not known to this version of reform")
+        cls = REGISTRY[name]
+        method = cls.create(self.engine.shape, self.model_name, None,
+                            **options_from_json(cls.Config, spec.get("options") or {}))
+        if options_json(method.config) != (spec.get("options") or {}):
+            raise ValueError(f"method '{name}' cannot be rebuilt with the saved options {spec.get('options')}")
+        return method
+
+    def load_context(self, path: str | Path) -> Context:
+        """A context saved by ``Context.save``, checked to belong to this model (config, weights, tokenizer,
+        layout, dtype), rebuilt with the method and options it was encoded with. Raises
+        ``ContextFileError`` (one line) for a missing, truncated, corrupted or foreign file."""
+        t = time.perf_counter()
+        manifest = read_manifest(path)
+        self.check_identity(manifest.get("model") or {}, path)
+        try:
+            method = self.method_from(manifest.get("method") or {})
+        except ValueError as e:
+            raise ContextFileError(f"{path}: {e}") from None
+        tensors = read_tensors(path, manifest)
+        if "ids" not in tensors or ids_sha256(tensors["ids"]) != manifest.get("ids_sha256"):
+            raise ContextFileError(f"{path} is corrupted: its token ids do not match their digest")
+        try:
+            ctx = restore_context(self, method, tensors, manifest.get("cache"))
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise ContextFileError(f"{path} is corrupted: {e}") from None
+        ctx.load_seconds = time.perf_counter() - t
+        return ctx
+
+    def check_identity(self, saved: dict, path) -> None:
+        """Refuse, in one line, a context made with another model, tokenizer, layout or dtype."""
+        mine, made = self.identity, saved.get("name", "another model")
+        if saved.get("tokenizer_sha256") != mine["tokenizer_sha256"]:
+            raise ContextFileError(f"{path} was encoded with another tokenizer (model {made}); ask it with "
+                                   f"--model {saved.get('source', made)}")
+        if saved.get("config_sha256") != mine["config_sha256"] or saved.get("weights_sha256") != mine["weights_sha256"]:
+            raise ContextFileError(f"{path} was encoded with another model ({made}); ask it with "
+                                   f"--model {saved.get('source', made)}")
+        if saved.get("layout_sha256") != mine["layout_sha256"]:
+            raise ContextFileError(f"{path} was encoded with another prompt layout (chat template on/off)")
+        if saved.get("dtype") != mine["dtype"]:
+            raise ContextFileError(f"{path} was encoded in {saved.get('dtype')} and this model runs in "
+                                   f"{mine['dtype']}; load it with --dtype {_DTYPE_FLAGS.get(saved.get('dtype'), '?')}")
 
     def tokenize_context(self, text: str) -> torch.Tensor:
         if not text or not text.strip():
@@ -66,3 +140,36 @@ class Pipeline:
 
     def ask(self, text: str, question: str, **kwargs) -> Answer:
         return self.encode(text).ask(question, **kwargs)
+
+
+_DTYPE_FLAGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_PROBE = "Fingerprint: The quick brown fox, 1234567890 \u00e9\u4e2d <|im_start|> \n\tend."
+
+
+def _sha(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+def model_identity(pipe: Pipeline) -> dict:
+    """Digests that tell models apart without hashing every weight: the config (paths and dtype left
+    out), 256 evenly spaced values of every parameter (rounded to bf16, so fp32 and bf16 copies agree),
+    the tokenizer (its full definition where it has one, plus a probe encoding) and the prompt layout."""
+    model, tok = pipe.engine.model, pipe.tokenizer
+    config = {k: v for k, v in model.config.to_dict().items()
+              if not k.startswith("_") and k not in ("transformers_version", "dtype", "torch_dtype", "name_or_path")}
+    weights = hashlib.sha256()
+    for name, p in model.named_parameters():
+        flat = p.detach().reshape(-1)
+        sample = flat[::max(1, flat.numel() // 256)][:256].to("cpu", torch.bfloat16).view(torch.int16)
+        weights.update(name.encode() + sample.numpy().tobytes())
+    parts = [type(tok).__name__]
+    if (backend := getattr(tok, "backend_tokenizer", None)) is not None:
+        parts.append(backend.to_str())
+    elif hasattr(tok, "get_vocab"):
+        parts.append(json.dumps(sorted(tok.get_vocab().items())))
+    parts.append(json.dumps(tok(_PROBE, add_special_tokens=True)["input_ids"]))
+    t = pipe.templater
+    return {"name": pipe.model_name, "source": pipe.source, "dtype": str(pipe.engine.dtype).removeprefix("torch."),
+            "config_sha256": _sha(json.dumps(config, sort_keys=True, default=str)),
+            "weights_sha256": weights.hexdigest(), "tokenizer_sha256": _sha("\n".join(parts)),
+            "layout_sha256": _sha(json.dumps([t.prefix, t.head, t.tail]))}

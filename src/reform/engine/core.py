@@ -480,11 +480,13 @@ class Engine:
     # ---------------------------------------------------------------- generation
     def generate(self, prompt: torch.Tensor, *, max_new_tokens: int, eos_ids: Sequence[int],
                  cache: KVCache | None = None, chunk_size: int | None = None,
-                 policy: EvictionPolicy | None = None) -> Iterator[int]:
-        """Greedy decoding with the full model: prefill ``prompt`` on ``cache`` (a fresh one by default;
+                 policy: EvictionPolicy | None = None,
+                 choose: Callable[[torch.Tensor], int] | None = None) -> Iterator[int]:
+        """Decoding with the full model: prefill ``prompt`` on ``cache`` (a fresh one by default;
         a compressed cache of all layers for methods that answer from it), then yield tokens until an
         EOS id (not yielded) or ``max_new_tokens``. With ``policy``, the prompt and every new token run
-        under it and are followed by its ``compress`` (ReAttention re-selects at every decoded token)."""
+        under it and are followed by its ``compress`` (ReAttention re-selects at every decoded token).
+        ``choose`` picks each token from the last position's logits (default: greedy)."""
         cache = cache if cache is not None else KVCache.empty(self.shape.n_layers)
         if len(cache.layers) != self.shape.n_layers:
             raise ValueError(f"generation needs a cache of all {self.shape.n_layers} layers, got {len(cache.layers)}")
@@ -494,7 +496,8 @@ class Engine:
                              f"the model's window ({self.max_positions})")
         hidden = self.prefill(prompt, cache, chunk_size=chunk_size or self.shape.window, policy=policy)
         for step in range(max_new_tokens):
-            token = int(self.logits(hidden[-1:]).argmax(-1))
+            logits = self.logits(hidden[-1:])[0]
+            token = choose(logits) if choose is not None else int(logits.argmax(-1))
             if token in eos_ids:
                 return
             yield token

@@ -67,6 +67,15 @@ class HeadEmbeddings:
         self.data = torch.empty(n_tokens, len(heads) * self.d, dtype=dtype, device=device)
         self._span = slice(0, 0)
 
+    @classmethod
+    def from_data(cls, heads: list[HeadSpec], shape: ModelShape, data: torch.Tensor) -> "HeadEmbeddings":
+        """Embeddings stored before (a saved context's), ``[n_tokens, len(heads) * head_dim]``."""
+        emb = cls(heads, shape, 0, data.device, data.dtype)
+        if data.shape[1:] != emb.data.shape[1:]:
+            raise ValueError(f"embeddings of width {data.shape[1]} do not match {len(heads)} heads of {emb.d} dims")
+        emb.data = data
+        return emb
+
     @property
     def nbytes(self) -> int:
         """Memory the stored embeddings take (what REFORM keeps per input token)."""

@@ -18,6 +18,7 @@ import torch
 from ..engine.cache import KVCache
 from ..engine.core import EvictionPolicy, ModelShape
 from ..engine.layout import QuestionPart, as_tensor
+from ..engine.sampling import Sampling, StopScanner
 from ..stats import Timer, peak_cuda_mb, peak_memory_mb
 from .options import build_config, check_names
 
@@ -32,9 +33,11 @@ class Answer:
     method: str
     input_tokens: int
     stats: dict
+    finish_reason: str = "stop"   # "stop": end-of-sequence token or a stop string; "length": max_new_tokens
 
     def to_json(self) -> dict:
-        return {"answer": self.text, "method": self.method, "input_tokens": self.input_tokens, "stats": self.stats}
+        return {"answer": self.text, "method": self.method, "input_tokens": self.input_tokens,
+                "finish_reason": self.finish_reason, "stats": self.stats}
 
 
 @dataclass
@@ -52,16 +55,38 @@ class Context:
     state: object = None
     encode_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    load_seconds: float | None = None      # set for a context read from a saved file
 
     def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
-            on_text: Callable[[str], None] | None = None) -> Answer:
-        """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated."""
-        if not question or not question.strip():
+            on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
+            seed: int | None = None, stop: str | tuple[str, ...] = ()) -> Answer:
+        """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated.
+        Greedy at ``temperature`` 0 (the default); otherwise sampled (``top_p``, ``seed``); the answer
+        ends before the first of the ``stop`` strings."""
+        if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
-        if max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        sampling = Sampling(temperature, top_p, seed, stop)
         part = self.pipeline.templater.question(question, answer_prefix)
-        return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text)
+        return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling)
+
+    def save(self, path) -> int:
+        """Write this context to ``path`` (one safetensors file with a JSON manifest, atomically, see
+        ``reform.store.format``); ``Pipeline.load_context(path)`` reads it back. Returns bytes written."""
+        from datetime import datetime, timezone
+
+        from ..store.format import ids_sha256, write_context_file
+        from ..version import __version__
+        from .options import options_json
+        from .saved import context_tensors
+        tensors, layout = context_tensors(self)
+        manifest = {"library_version": __version__, "model": self.pipeline.identity,
+                    "method": {"name": self.method.name, "options": options_json(self.method.config)},
+                    "tokens": int(self.ids.shape[0]), "ids_sha256": ids_sha256(self.ids),
+                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "encode": {"seconds": round(self.encode_seconds, 3)}, **layout}
+        return write_context_file(path, tensors, manifest)
 
 
 class Method:
@@ -95,6 +120,16 @@ class Method:
     def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         return Context(pipe, self, ids)
 
+    # Saved contexts (reform.store): ids and cache are saved for every method; these two carry the rest.
+    def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
+        """What ``ctx`` keeps besides its ids and cache, as named tensors (default: nothing)."""
+        if ctx.state is not None or ctx.extra:
+            raise ValueError(f"method '{self.name}' cannot save its contexts")
+        return {}
+
+    def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
+        """Rebuild ``ctx.state``/``ctx.extra`` from ``saved_state``'s tensors (ids and cache are in place)."""
+
     def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
         """Indices (ascending) of the context tokens the answer is computed from; default: all."""
         return torch.arange(ctx.ids.shape[0], device=ctx.ids.device)
@@ -112,33 +147,46 @@ class Method:
         return None
 
     def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
-               on_text: Callable[[str], None] | None) -> Answer:
-        """Build the prompt, then decode greedily with the full model."""
+               on_text: Callable[[str], None] | None, sampling: Sampling = Sampling()) -> Answer:
+        """Build the prompt, then decode with the full model (greedy unless ``sampling`` says otherwise)."""
         pipe, timer = ctx.pipeline, Timer()
         timer.add("encode", ctx.encode_seconds)
+        if ctx.load_seconds is not None:
+            timer.add("load", ctx.load_seconds)
         prompt, cache = self.prompt(ctx, part, timer)
         tokens: list[int] = []
-        text = ""
+        stop, shown, finish = StopScanner(sampling.stop), "", "stop"
         t0 = time.perf_counter()
-        for tok in pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids,
-                                        cache=cache, policy=self.generation_policy(ctx)):
+        steps = pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids, cache=cache,
+                                     policy=self.generation_policy(ctx), choose=sampling.chooser(prompt.device))
+        for tok in steps:
             if not tokens:
                 timer.add("recompute", time.perf_counter() - t0)   # prefill + first token
                 t0 = time.perf_counter()
             tokens.append(tok)
-            if on_text is not None:
-                new = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
-                if len(new) > len(text) and not new.endswith("\ufffd"):
-                    on_text(new[len(text):])
-                    text = new
+            text = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
+            visible = stop.final(text)
+            if not stop.stopped:
+                visible = visible.rstrip("\ufffd")              # a character still being decoded
+            if on_text is not None and len(visible) > len(shown):
+                on_text(visible[len(shown):])
+            shown = max(shown, visible, key=len)
+            if stop.stopped:
+                finish = "stop"
+                steps.close()
+                break
+        else:
+            finish = "stop" if len(tokens) < max_new_tokens else "length"   # "stop": an end-of-sequence token
+            shown_before, shown = shown, pipe.tokenizer.decode(tokens, skip_special_tokens=True)
+            if on_text is not None and len(shown) > len(shown_before):
+                on_text(shown[len(shown_before):])                 # a tail held back for a stop string
         timer.add("recompute" if not tokens else "generate", time.perf_counter() - t0)
         stats = {**{k: round(v, 3) for k, v in timer.seconds.items()},
                  "recomputed_tokens": int(prompt.shape[0]), "new_tokens": len(tokens),
                  "peak_memory_mb": peak_memory_mb()}
         if (cuda := peak_cuda_mb()) is not None:
             stats["peak_cuda_mb"] = cuda
-        return Answer(pipe.tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens, self.name,
-                      int(ctx.ids.shape[0] + len(part.ids)), stats)
+        return Answer(shown.strip(), tokens, self.name, int(ctx.ids.shape[0] + len(part.ids)), stats, finish)
 
 
 class CachedMethod(Method):

@@ -66,8 +66,7 @@ class Full(Method):
                           "answers", PastWindowWarning, stacklevel=2)
         return Context(pipe, self, ids)
 
-    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
-               on_text: Callable[[str], None] | None) -> Answer:
+    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int, **kwargs) -> Answer:
         positions = ctx.ids.shape[0] + len(part.ids) + max_new_tokens
         with ctx.pipeline.engine.past_window(positions):
-            return super().answer(ctx, part, max_new_tokens=max_new_tokens, on_text=on_text)
+            return super().answer(ctx, part, max_new_tokens=max_new_tokens, **kwargs)

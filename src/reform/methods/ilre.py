@@ -251,6 +251,12 @@ class ILRe(Method):
                progress=progress, qkv_only_next=True)
         return Context(pipe, self, ids, cache=cache, state=keys.states[0])
 
+    def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
+        return {} if ctx.state is None else {"keys": ctx.state}
+
+    def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
+        ctx.state = tensors.get("keys")
+
     def query_states(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """The query part's layer-l_R queries, pre-RoPE [H, Tq, D]: one more streaming chunk (A6)."""
         engine, s = ctx.pipeline.engine, ctx.pipeline.engine.shape

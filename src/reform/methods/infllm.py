@@ -70,6 +70,18 @@ class InfLLMMethod(CachedMethod):
     def state(self, policy: InfLLM):
         return policy.memory
 
+    def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
+        """Each layer's block memory: pre-RoPE keys, values and the scores its representatives come from."""
+        return {f"memory.{i}.{name}": getattr(m, name) for i, m in enumerate(ctx.state) if m.length
+                for name in ("keys", "values", "scores")}
+
+    def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
+        policy = self.config.policy()
+        for i in range(ctx.pipeline.engine.shape.n_layers):
+            if f"memory.{i}.keys" in tensors:
+                policy._memory(i).add(*(tensors[f"memory.{i}.{name}"] for name in ("keys", "values", "scores")))
+        ctx.state = policy.memory
+
     def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, KVCache | None]:
         """The question but its last token runs with retrieval (timed as "gather"); generation continues
         from that cache with the last token (so "recomputed_tokens" is 1)."""

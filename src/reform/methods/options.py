@@ -125,3 +125,41 @@ class EvictionConfig(CacheConfig):
     def check(self, shape: ModelShape) -> None:
         require_keep("cache", self.cache_budget, self.keep_first, self.keep_last)
         super().check(shape)
+
+
+# Options as JSON (saved contexts' manifests, eval configs) and back --------------------------------
+def to_json_value(value):
+    """A resolved option as plain JSON: dtypes by name ("float16"), heads as "LAYER:KIND:HEAD", tuples as lists."""
+    import torch
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return str(value)      # e.g. a HeadSpec
+
+
+def options_json(config) -> dict:
+    """Every field of a (resolved) method config as plain JSON; ``{}`` for a method without options."""
+    return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config)} if config is not None else {}
+
+
+def options_from_json(config_cls: type | None, data: dict) -> dict:
+    """The inverse of ``options_json`` for ``config_cls``: keyword arguments that rebuild the config."""
+    import torch
+    if config_cls is None:
+        return {}
+    out = {}
+    for f in fields(config_cls):
+        if f.name not in data:
+            continue
+        value, default = data[f.name], f.default
+        if isinstance(default, torch.dtype):
+            value = getattr(torch, str(value), None)
+            if not isinstance(value, torch.dtype):
+                raise ValueError(f"option {f.name}: unknown dtype {data[f.name]!r}")
+        elif isinstance(value, list):
+            value = ",".join(value) if f.name == "heads" else tuple(value)
+        out[f.name] = value
+    return out

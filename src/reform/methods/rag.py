@@ -35,11 +35,15 @@ class PassageIndex:
     index: object
 
     @classmethod
-    def build(cls, pipe: "Pipeline", ids: torch.Tensor, size: int, retriever: Retriever) -> "PassageIndex":
+    def build(cls, pipe: "Pipeline", ids: torch.Tensor, size: int, retriever: Retriever,
+              index: object = None) -> "PassageIndex":
+        """Split ``ids`` into passages and index them (or take the ``index`` a saved context kept)."""
         prefix = min(len(pipe.templater.prefix), ids.shape[0])
         spans = [(s, min(s + size, ids.shape[0])) for s in range(prefix, ids.shape[0], size)]
-        texts = [pipe.tokenizer.decode(ids[s:e].tolist(), skip_special_tokens=True) for s, e in spans]
-        return cls(prefix, spans, retriever, retriever.index(texts))
+        if index is None:
+            texts = [pipe.tokenizer.decode(ids[s:e].tolist(), skip_special_tokens=True) for s, e in spans]
+            index = retriever.index(texts)
+        return cls(prefix, spans, retriever, index)
 
     def scores(self, query: str) -> torch.Tensor:
         """One score per passage."""
@@ -97,6 +101,18 @@ class Rag(Method, ABC):
         if progress is not None:
             progress(ids.shape[0])
         return Context(pipe, self, ids, state=index)
+
+    def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
+        """A dense index is a tensor and is saved; a BM25 index is rebuilt from the ids on load (cheap and
+        deterministic) rather than stored as a Python object."""
+        index = getattr(ctx.state, "index", None)
+        return {"passages": index} if isinstance(index, torch.Tensor) else {}
+
+    def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
+        if ctx.ids.shape[0] > self.config.recompute_budget:      # as ``encode``: otherwise nothing is indexed
+            pipe = ctx.pipeline
+            ctx.state = PassageIndex.build(pipe, ctx.ids, self.config.passage_tokens, self.retriever(pipe),
+                                           tensors.get("passages"))
 
     def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
         p, device = ctx.state, ctx.ids.device

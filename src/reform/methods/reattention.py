@@ -222,6 +222,19 @@ class ReAttention(CachedMethod):
     def state(self, policy: ReAttentionPolicy) -> ReAttentionPolicy:
         return policy
 
+    def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
+        """Each layer's full pre-RoPE keys and values (the stores the question and answer select from)."""
+        return {f"store.{i}.{name}": getattr(s, name)[:, :s.n] for i, s in enumerate(ctx.state.stores) if s.n
+                for name in ("keys", "values")}
+
+    def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
+        policy = self.config.policy()
+        for i in range(ctx.pipeline.engine.shape.n_layers):
+            policy.stores.append(KVStore())
+            if f"store.{i}.keys" in tensors:
+                policy.stores[i].append(tensors[f"store.{i}.keys"], tensors[f"store.{i}.values"])
+        ctx.state = policy
+
     def generation_policy(self, ctx: Context) -> ReAttentionPolicy:
         """The question and every generated token select again from (a fork of) the context's stores."""
         return ctx.state.fork()

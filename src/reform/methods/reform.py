@@ -128,6 +128,14 @@ class Reform(Method):
                             progress=progress)
         return Context(pipe, self, ids, cache=cache, state=emb)
 
+    def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
+        return {} if ctx.state is None else {"embeddings": ctx.state.data}
+
+    def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
+        if "embeddings" in tensors:
+            ctx.state = HeadEmbeddings.from_data(list(self.config.heads), ctx.pipeline.engine.shape,
+                                                 tensors["embeddings"])
+
     def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
         c, n = self.config, ctx.ids.shape[0]
         if ctx.state is None:

@@ -51,6 +51,16 @@ class ReformRag(Reform):
             ctx.extra["passages"] = PassageIndex.build(pipe, ids, self.config.passage_tokens, Dense(pipe.engine.device))
         return ctx
 
+    def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
+        saved = super().saved_state(ctx)
+        return {**saved, "passages": ctx.extra["passages"].index} if saved else saved
+
+    def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
+        super().restore_state(ctx, tensors)
+        if "passages" in tensors:
+            ctx.extra["passages"] = PassageIndex.build(ctx.pipeline, ctx.ids, self.config.passage_tokens,
+                                                       Dense(ctx.pipeline.engine.device), tensors["passages"])
+
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         reform = super().scores(ctx, part)
         query = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)

@@ -1,0 +1,93 @@
+"""Choosing each generated token: greedy at temperature 0, else temperature + nucleus (top-p) sampling
+with a seeded generator, as OpenAI-style clients expect (``temperature``, ``top_p``, ``seed``).
+Stop strings end the answer where they first appear (``StopScanner``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """``temperature`` 0 is greedy (the default, and what every equivalence test checks); ``top_p``
+    keeps the smallest set of tokens whose probability reaches it; ``seed`` makes a sampled answer
+    repeatable; ``stop``: up to 4 strings that end the answer (not included in it)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be between 0 and 2, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if len(self.stop) > 4 or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("stop must be up to 4 non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def chooser(self, device) -> "TokenChooser":
+        return TokenChooser(self, device)
+
+
+@dataclass
+class TokenChooser:
+    """Picks the next token from float32 logits ``[vocab]`` under one ``Sampling`` (its own generator,
+    so concurrent answers never share random state)."""
+
+    sampling: Sampling
+    device: torch.device | str = "cpu"
+    generator: torch.Generator | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        if not self.sampling.greedy:
+            self.generator = torch.Generator(device=self.device)
+            if self.sampling.seed is not None:
+                self.generator.manual_seed(self.sampling.seed)
+            else:
+                self.generator.seed()
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        s = self.sampling
+        if s.greedy:
+            return int(logits.argmax(-1))
+        probs = torch.softmax(logits.float() / s.temperature, dim=-1)
+        if s.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            # drop tokens once the mass before them already reaches top_p (the top token always stays)
+            drop = sorted_p.cumsum(-1) - sorted_p >= s.top_p
+            sorted_p[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+class StopScanner:
+    """Follows the decoded answer and says how much of it is final: text before the first stop string,
+    holding back any tail that could still become the start of one (so streamed text never shows part
+    of a stop string)."""
+
+    def __init__(self, stop: tuple[str, ...]):
+        self.stop = stop
+        self.stopped = False
+
+    def final(self, text: str) -> str:
+        """The part of ``text`` that can be shown; sets ``stopped`` once a stop string appeared."""
+        if not self.stop:
+            return text
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            return text[:min(hits)]
+        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return text[:len(text) - hold]

@@ -1,0 +1,57 @@
+"""A ``Context`` as named tensors and back (the file format itself is ``reform.store.format``).
+
+Every method's context has its token ids and, for the compressing methods, the final compressed cache of
+the layers it ran: per layer the pre-RoPE keys, values and eviction scores where present. Rotated keys are
+stored only where re-rotating the pre-RoPE keys at positions 0..n-1 does not reproduce them bit for bit,
+so a loaded cache is exactly the saved one. The rest (REFORM's embeddings, ILRe's keys, InfLLM's block
+memory, ...) comes from the method's own ``saved_state``/``restore_state``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.cache import KVCache, LayerCache
+from .base import Context
+
+_CACHE_PARTS = ("keys_pre", "keys", "values", "scores")
+
+
+def context_tensors(ctx: Context) -> tuple[dict[str, torch.Tensor], dict]:
+    """``(tensors, cache layout)``: what a saved context file holds besides its manifest."""
+    if int(ctx.ids.max()) >= 2**31:
+        raise ValueError("token ids beyond int32 cannot be saved")
+    tensors = {"ids": ctx.ids.to(torch.int32)}
+    layout = None
+    if ctx.cache is not None:
+        rotary, layout = ctx.pipeline.engine.rotary, []
+        for i, lc in enumerate(ctx.cache.layers):
+            keys = "absent"
+            if lc.keys is not None:
+                keys = "rotated" if torch.equal(rotary.rotate(lc.keys_pre, 0, lc.layer), lc.keys) else "stored"
+            layout.append({"layer": lc.layer, "window": lc.window, "keys": keys})
+            for part in _CACHE_PARTS:
+                t = getattr(lc, part)
+                if t is not None and not (part == "keys" and keys == "rotated"):
+                    tensors[f"cache.{i}.{part}"] = t
+    state = ctx.method.saved_state(ctx)
+    tensors.update({f"state.{k}": v for k, v in state.items()})
+    return tensors, {"cache": layout}
+
+
+def restore_context(pipe, method, tensors: dict[str, torch.Tensor], layout: list | None) -> Context:
+    """The ``Context`` whose ``context_tensors`` these are, on ``pipe``'s device and dtype."""
+    device, rotary = pipe.engine.device, pipe.engine.rotary
+    on_device = lambda t: t.to(device)
+    cache = None
+    if layout is not None:
+        cache = KVCache([])
+        for i, entry in enumerate(layout):
+            parts = {p: on_device(tensors[f"cache.{i}.{p}"]) for p in _CACHE_PARTS if f"cache.{i}.{p}" in tensors}
+            lc = LayerCache(window=entry["window"], layer=entry["layer"], **parts)
+            if entry["keys"] == "rotated":
+                lc.keys = rotary.rotate(lc.keys_pre, 0, lc.layer)
+            cache.layers.append(lc)
+    ctx = Context(pipe, method, on_device(tensors["ids"].long()), cache=cache)
+    method.restore_state(ctx, {k[len("state."):]: on_device(v) for k, v in tensors.items() if k.startswith("state.")})
+    return ctx

@@ -1,0 +1,126 @@
+"""One saved context = one safetensors file: named tensors (no pickle anywhere) and, in the header's
+metadata, a JSON manifest (format version, library version, model fingerprint, method and its resolved
+options, token count, sha256 of the token ids, creation time, encode stats, sha256 of all tensor bytes).
+
+Writes go to a temporary file in the same folder, are fsynced and renamed over the target, so a reader
+sees the old file or the new one, never half of one, and a failed write leaves the old file untouched.
+Reads check the manifest before touching the tensors and the checksum after, so a truncated or
+corrupted file is refused with one line instead of answering from damaged data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+import torch
+
+FORMAT = "reform-context"
+FORMAT_VERSION = 1
+MANIFEST_KEY = "reform"
+
+
+class ContextFileError(ValueError):
+    """A saved context that cannot be used: unreadable, corrupted, or made for something else."""
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """One digest over every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def ids_sha256(ids: torch.Tensor) -> str:
+    """The token ids' digest, independent of their dtype and device (int32 little-endian bytes)."""
+    return hashlib.sha256(ids.detach().to("cpu", torch.int32).contiguous().numpy().tobytes()).hexdigest()
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor that owns its storage (safetensors refuses views into shared buffers)."""
+    t = t.detach().to("cpu").contiguous()
+    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
+
+
+def write_context_file(path: str | os.PathLike, tensors: dict[str, torch.Tensor], manifest: dict) -> int:
+    """Write ``tensors`` with ``manifest`` (plus format fields and the tensors' checksum) to ``path``
+    atomically; returns the file's size in bytes."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.is_dir():
+        raise ContextFileError(f"{path} is a directory; give a file name such as book.reform")
+    if not path.parent.is_dir():
+        raise ContextFileError(f"cannot write {path}: folder {path.parent} does not exist")
+    tensors = {k: _own_storage(v) for k, v in tensors.items()}
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
+                "tensors_sha256": tensors_sha256(tensors)}
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={MANIFEST_KEY: json.dumps(manifest, sort_keys=True)})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ContextFileError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    try:   # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return path.stat().st_size
+
+
+def _unreadable(path: Path, why: object) -> ContextFileError:
+    first = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+    return ContextFileError(f"{path} is not a readable saved context (truncated or corrupted?): {first}")
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """The manifest of a saved context, checked for format and version (tensors are not read)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ContextFileError(f"saved context not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as e:   # safetensors raises its own error type for every malformed header
+        raise _unreadable(path, e) from None
+    try:
+        manifest = json.loads(metadata[MANIFEST_KEY])
+    except (KeyError, ValueError):
+        raise ContextFileError(f"{path} is a safetensors file but not a saved reform context") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ContextFileError(f"{path} is a safetensors file but not a saved reform context")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ContextFileError(f"{path} has context format version {manifest.get('format_version')} (written by "
+                               f"reform {manifest.get('library_version', '?')}); this reform reads version "
+                               f"{FORMAT_VERSION}: encode the document again")
+    return manifest
+
+
+def read_tensors(path: str | os.PathLike, manifest: dict) -> dict[str, torch.Tensor]:
+    """Every tensor of the file (on the CPU), verified against the manifest's checksum."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    try:
+        tensors = load_file(str(path))     # memory-mapped, not read into a second buffer
+    except Exception as e:
+        raise _unreadable(path, e) from None
+    if tensors_sha256(tensors) != manifest.get("tensors_sha256"):
+        raise ContextFileError(f"{path} is corrupted: its tensors do not match the checksum in its manifest")
+    return tensors

@@ -1,0 +1,3 @@
+"""The library version (recorded in saved contexts and eval configs)."""
+
+__version__ = "0.1.0"
