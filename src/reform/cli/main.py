@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -126,16 +127,26 @@ def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_bud
         raise CliError(str(e)) from None
 
 
-def run_question(pipe, text: str, question: str, answer_prefix: str, max_new_tokens: int, as_json: bool,
-                 stream: bool = True):
+def encode_text(pipe, text: str, quiet: bool):
+    """Encode ``text`` with a progress bar over its tokens (refusals become one-line errors)."""
     try:
         n = pipe.tokenize_context(text).shape[0]
-        with encode_progress(n, as_json) as progress:
-            ctx = pipe.encode(text, progress)
-        printer = None
-        if stream and not as_json:
-            printer = lambda s: (out.print(s, end="", markup=False), sys.stdout.flush())
-        answer = ctx.ask(question, answer_prefix=answer_prefix, max_new_tokens=max_new_tokens, on_text=printer)
+        with encode_progress(n, quiet) as progress:
+            return pipe.encode(text, progress)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def run_question(pipe, text: str | None, question: str, answer_prefix: str, max_new_tokens: int, as_json: bool,
+                 stream: bool = True, ctx=None, sampling: dict | None = None):
+    """Answer ``question`` about ``text`` (encoded here) or about the already encoded ``ctx``."""
+    ctx = ctx if ctx is not None else encode_text(pipe, text, as_json)
+    printer = None
+    if stream and not as_json:
+        printer = lambda s: (out.print(s, end="", markup=False), sys.stdout.flush())
+    try:
+        answer = ctx.ask(question, answer_prefix=answer_prefix, max_new_tokens=max_new_tokens, on_text=printer,
+                         **(sampling or {}))
     except ValueError as e:
         raise CliError(str(e)) from None
     if printer is not None:
@@ -143,16 +154,41 @@ def run_question(pipe, text: str, question: str, answer_prefix: str, max_new_tok
     return answer
 
 
+def load_saved_context(path: Path, model, dtype, device):
+    """The pipeline and context of a file written by ``reform encode``: the model it names (unless
+    ``--model`` says otherwise), in the dtype it was encoded in; method options are the file's."""
+    from ..store import ContextFileError, read_manifest
+    try:
+        manifest = read_manifest(path)
+        saved = manifest.get("model") or {}
+        dtype = dtype or {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(saved.get("dtype"))
+        pipe = build_pipeline(model or saved.get("source"), "full", None, None, None, None, device, dtype,
+                              chat_template=True)
+        return pipe, pipe.load_context(path)
+    except ContextFileError as e:
+        raise CliError(str(e)) from None
+
+
 def fail(e: CliError):
     err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
     raise typer.Exit(2)
 
 
+TemperatureOpt = typer.Option(0.0, "--temperature", help="0 = greedy (default); up to 2 samples more freely")
+TopPOpt = typer.Option(1.0, "--top-p", help="nucleus sampling: keep the most likely tokens up to this mass")
+SeedOpt = typer.Option(None, "--seed", help="random seed of a sampled answer (repeatable answers)")
+StopOpt = typer.Option(None, "--stop", help="end the answer before this string (repeatable, up to 4)")
+
+
 @app.command()
-def ask(file: Path = typer.Argument(..., help="UTF-8 text file holding the context"),
+def ask(file: Optional[Path] = typer.Argument(None, help="UTF-8 text file holding the context"),
         question: Optional[str] = typer.Option(None, "--question", "-q", help="the question to answer"),
+        context: Optional[Path] = typer.Option(None, "--context", "-c", help="a context saved by `reform encode` "
+                                               "(instead of FILE): answers without encoding again"),
         answer_prefix: str = typer.Option("", "--answer-prefix", help="text the answer starts with"),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
+        temperature: float = TemperatureOpt, top_p: float = TopPOpt, seed: Optional[int] = SeedOpt,
+        stop: Optional[list[str]] = StopOpt,
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with the answer and stats"),
         model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
         chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
@@ -161,14 +197,29 @@ def ask(file: Path = typer.Argument(..., help="UTF-8 text file holding the conte
         option: Optional[list[str]] = typer.Option(None, "--option", help="KEY=VALUE: any other option of the "
                                                    "method (a field of its config), e.g. ilre's dca=true; repeatable"),
         chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template")):
-    """Answer QUESTION about FILE, however long FILE is."""
+    """Answer QUESTION about FILE (or a saved --context), however long it is."""
     try:
         if question is None or not question.strip():
             raise CliError("a question is required: --question \"...\"")
-        text = read_text_file(file)
-        pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
-                              chat_template, parse_options(option))
-        answer = run_question(pipe, text, question, answer_prefix, max_new_tokens, as_json)
+        sampling = check_sampling(temperature, top_p, seed, stop)
+        if (file is None) == (context is None):
+            raise CliError("give either FILE or --context FILE.reform (exactly one)")
+        if context is not None:
+            fixed = [flag for flag, given in (("--method", method != "reform"), ("--heads", heads),
+                                              ("--chunk-size", chunk_size), ("--cache-budget", cache_budget),
+                                              ("--recompute-budget", recompute_budget), ("--option", option),
+                                              ("--no-chat-template", not chat_template)) if given]
+            if fixed:
+                raise CliError(f"{', '.join(fixed)} cannot be combined with --context: a saved context keeps the "
+                               "method and options it was encoded with")
+            pipe, ctx = load_saved_context(context, model, dtype, device)
+            answer = run_question(pipe, None, question, answer_prefix, max_new_tokens, as_json, ctx=ctx,
+                                  sampling=sampling)
+        else:
+            text = read_text_file(file)
+            pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
+                                  chat_template, parse_options(option))
+            answer = run_question(pipe, text, question, answer_prefix, max_new_tokens, as_json, sampling=sampling)
     except CliError as e:
         fail(e)
     if as_json:
@@ -176,6 +227,57 @@ def ask(file: Path = typer.Argument(..., help="UTF-8 text file holding the conte
     else:
         err.print(f"[dim]{answer.method}: {answer.input_tokens} input tokens · "
                   + " · ".join(f"{k} {v}" for k, v in answer.stats.items()) + "[/]")
+
+
+def check_sampling(temperature, top_p, seed, stop) -> dict:
+    """The sampling options as ``Context.ask`` takes them, validated before any model is loaded."""
+    from ..engine.sampling import Sampling
+    try:
+        Sampling(temperature, top_p, seed, tuple(stop or ()))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return {"temperature": temperature, "top_p": top_p, "seed": seed, "stop": tuple(stop or ())}
+
+
+@app.command()
+def encode(file: Path = typer.Argument(..., help="UTF-8 text file holding the context"),
+           output: Path = typer.Option(..., "--out", "-o", help="where to save the context, e.g. book.reform"),
+           as_json: bool = typer.Option(False, "--json", help="print one JSON object with the result"),
+           model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
+           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
+           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
+           dtype: Optional[str] = DtypeOpt,
+           option: Optional[list[str]] = typer.Option(None, "--option", help="KEY=VALUE: any other option of "
+                                                      "the method; repeatable"),
+           chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template")):
+    """Encode FILE once and save the context; ask it later with `reform ask --context OUT -q ...`."""
+    from ..store import ContextFileError
+    try:
+        if output.is_dir():
+            raise CliError(f"{output} is a directory; give a file name such as book.reform")
+        if not output.parent.is_dir():
+            raise CliError(f"cannot write {output}: folder {output.parent} does not exist")
+        if not os.access(output.parent, os.W_OK):
+            raise CliError(f"cannot write {output}: folder {output.parent} is not writable")
+        text = read_text_file(file)
+        pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
+                              chat_template, parse_options(option))
+        ctx = encode_text(pipe, text, as_json)
+        t = time.perf_counter()
+        size = ctx.save(output)
+        save_s = time.perf_counter() - t
+    except ContextFileError as e:
+        fail(CliError(str(e)))
+    except CliError as e:
+        fail(e)
+    n = int(ctx.ids.shape[0])
+    result = {"path": str(output), "method": pipe.method.name, "tokens": n, "encode_seconds": round(ctx.encode_seconds, 3),
+              "save_seconds": round(save_s, 3), "bytes": size, "bytes_per_token": round(size / n, 1)}
+    if as_json:
+        print(json.dumps(result))
+    else:
+        err.print(f"saved {output}: {n} tokens encoded in {ctx.encode_seconds:.1f} s ({pipe.method.name}), "
+                  f"{size / 2**20:.1f} MiB on disk ({size / n:.0f} bytes per token)")
 
 
 @app.command()
@@ -219,7 +321,7 @@ def demo(length: Optional[int] = typer.Option(None, "--length", help="haystack t
 
 from .eval import app as eval_app  # noqa: E402  (here, after the helpers it imports)
 app.add_typer(eval_app, name="eval")
-from . import bench, models  # noqa: E402,F401  (register `reform bench`, `reform models`)
+from . import bench, models, serve  # noqa: E402,F401  (register `reform bench`, `reform models`, `reform serve`)
 
 
 def main():

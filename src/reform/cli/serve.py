@@ -1,0 +1,68 @@
+"""``reform serve``: the OpenAI-compatible server (see ``reform.server``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .main import (CacheOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt, ModelOpt, RecomputeOpt,
+                   app, build_pipeline, err, fail, parse_options)
+
+
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
+          port: int = typer.Option(8000, "--port", min=1, max=65535),
+          store: Path = typer.Option(Path("reform-store"), "--store", help="folder of saved contexts (kept "
+                                     "across restarts)"),
+          store_max_gb: Optional[float] = typer.Option(None, "--store-max-gb", help="size budget of the store; "
+                                                       "least recently used contexts go first"),
+          api_key: Optional[str] = typer.Option(None, "--api-key", envvar="REFORM_API_KEY",
+                                                help="require 'Authorization: Bearer KEY' (or set REFORM_API_KEY)"),
+          queue_size: int = typer.Option(16, "--queue-size", min=1, help="requests that may wait; more get 503"),
+          memory_contexts: int = typer.Option(4, "--memory-contexts", min=1, help="recently used contexts "
+                                              "kept loaded in memory"),
+          max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="largest request body (413 above)"),
+          max_context_tokens: int = typer.Option(2_000_000, "--max-context-tokens", min=1,
+                                                 help="largest context in tokens (413 above)"),
+          timeout: float = typer.Option(900.0, "--timeout", help="seconds a request may take, encode included "
+                                        "(504 after)"),
+          max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="answer length when a request "
+                                         "gives no max_tokens"),
+          model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
+          chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
+          recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
+          dtype: Optional[str] = DtypeOpt,
+          option: Optional[list[str]] = typer.Option(None, "--option", help="KEY=VALUE: any other option of the "
+                                                     "method; repeatable")):
+    """Serve the model over an OpenAI-compatible API (chat completions, saved contexts)."""
+    import uvicorn
+
+    from ..server import Settings, build_app
+    from ..store import ContextFileError
+    try:
+        if store_max_gb is not None and store_max_gb <= 0:
+            raise CliError("--store-max-gb must be positive")
+        if max_body_mb <= 0 or timeout <= 0:
+            raise CliError("--max-body-mb and --timeout must be positive")
+        if store.exists() and not store.is_dir():
+            raise CliError(f"--store {store} is a file, not a folder")
+        if api_key is not None and not api_key.strip():
+            raise CliError("--api-key is empty")
+        pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
+                              True, parse_options(option))
+        settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+                            max_context_tokens=max_context_tokens, request_timeout=timeout,
+                            default_max_tokens=max_tokens)
+        web = build_app(pipe, store, store_max_bytes=None if store_max_gb is None else int(store_max_gb * 2**30),
+                        queue_size=queue_size, memory_contexts=memory_contexts, settings=settings)
+    except ContextFileError as e:
+        fail(CliError(str(e)))
+    except CliError as e:
+        fail(e)
+    err.print(f"serving {pipe.model_name} ({pipe.method.name}) on http://{host}:{port}/v1 · store {store.resolve()}"
+              + (" · API key required" if api_key else ""), highlight=False)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -1,0 +1,202 @@
+"""The one thread that owns the model. Requests become jobs in a bounded queue and run in order; the HTTP
+side only waits for their results (or their streamed text), so a slow encode never blocks the event loop
+and two requests never touch the model at once.
+
+A context is named by its content key (``Pipeline.context_key``); the worker finds it in memory (a few
+recently used ones), else in the store (a saved file: no encode), else encodes it once and saves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from ..store import ContextFileError, ContextStore
+
+
+class Cancelled(Exception):
+    """The client went away or the request timed out: the job stops at its next token or chunk."""
+
+
+class QueueFull(Exception):
+    """More requests are waiting than the queue holds."""
+
+
+@dataclass
+class ContextStatus:
+    """What ``GET /v1/contexts/{id}`` shows."""
+
+    id: str
+    status: str                       # queued | encoding | ready | failed
+    tokens: int
+    tokens_encoded: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+    encode_seconds: float | None = None
+    bytes: int | None = None
+    error: str | None = None
+    method: str | None = None
+
+    def to_json(self) -> dict:
+        return {"object": "context", **asdict(self)}
+
+
+@dataclass
+class Job:
+    """Work for the model thread. ``fn(job)`` runs there; its result or exception resolves ``future`` on
+    the event loop; ``emit`` sends streamed pieces to ``events``."""
+
+    fn: Callable[["Job"], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    events: asyncio.Queue | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        if self.cancel.is_set():
+            raise Cancelled()
+
+    def emit(self, item) -> None:
+        self.check()
+        if self.events is not None:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+    def _resolve(self, ok: bool, value) -> None:
+        def settle():
+            if not self.future.done():
+                (self.future.set_result if ok else self.future.set_exception)(value)
+        self.loop.call_soon_threadsafe(settle)
+
+
+class Worker:
+    """Owns ``pipe`` (a ``Pipeline``) and ``store`` (a ``ContextStore``); ``submit`` queues a job."""
+
+    def __init__(self, pipe, store: ContextStore, *, queue_size: int = 16, memory_contexts: int = 4):
+        self.pipe, self.store = pipe, store
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.memory_contexts = memory_contexts
+        self.loaded: OrderedDict[str, Any] = OrderedDict()       # key -> Context, most recent last
+        self.status: dict[str, ContextStatus] = {}                # contexts queued, encoding or failed here
+        self.lock = threading.Lock()                             # guards ``status`` and ``loaded``
+        self.encoded = 0                                         # contexts this worker encoded (not loaded)
+        self.busy_since: float | None = None
+        self.thread = threading.Thread(target=self._run, name="reform-model", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ queue
+    def submit(self, fn: Callable[[Job], Any], *, stream: bool = False) -> Job:
+        loop = asyncio.get_running_loop()
+        job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None)
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull() from None
+        return job
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            if job.cancel.is_set():
+                job._resolve(False, Cancelled())
+                continue
+            self.busy_since = time.monotonic()
+            try:
+                job._resolve(True, job.fn(job))
+            except BaseException as e:      # every failure goes back to its request; the thread lives on
+                job._resolve(False, e)
+            finally:
+                self.busy_since = None
+
+    # ------------------------------------------------------------------ contexts (run on the model thread)
+    def context(self, key: str, text: str | None, job: Job):
+        """The context ``key``: from memory, from the store, or encoded from ``text`` (and saved).
+        Returns ``(context, encoded_here)``."""
+        with self.lock:
+            if key in self.loaded:
+                self.loaded.move_to_end(key)
+                self.store.touch(key)
+                return self.loaded[key], False
+        if self.store.has(key):
+            try:
+                ctx = self.pipe.load_context(self.store.path(key))
+                self.store.touch(key)
+                self._remember(key, ctx)
+                return ctx, False
+            except ContextFileError:
+                if text is None:
+                    raise
+                self.store.delete(key)      # damaged: the text is here, so encode it again
+        if text is None:
+            raise KeyError(key)
+        return self._encode(key, text, job), True
+
+    def _encode(self, key: str, text: str, job: Job):
+        status = self.status.get(key)
+        if status is None:
+            status = self.status[key] = ContextStatus(key, "queued", 0, method=self.pipe.method.name)
+        status.status, status.error, status.tokens_encoded = "encoding", None, 0
+        status.tokens = int(self.pipe.tokenize_context(text).shape[0])
+
+        def progress(n: int) -> None:
+            job.check()
+            status.tokens_encoded += n
+
+        try:
+            ctx = self.pipe.encode(text, progress)
+            status.tokens_encoded = status.tokens
+            status.bytes = self.store.put(key, ctx)
+        except Cancelled:
+            status.status, status.error = "failed", "cancelled before the encode finished"
+            raise
+        except Exception as e:
+            status.status, status.error = "failed", str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise
+        status.status, status.encode_seconds = "ready", round(ctx.encode_seconds, 3)
+        self.encoded += 1
+        self._remember(key, ctx)
+        return ctx
+
+    def _remember(self, key: str, ctx) -> None:
+        with self.lock:
+            self.loaded[key] = ctx
+            self.loaded.move_to_end(key)
+            while len(self.loaded) > self.memory_contexts:
+                self.loaded.popitem(last=False)
+
+    def forget(self, key: str) -> bool:
+        """Remove ``key`` from memory, the store and the status table; True if it was anywhere."""
+        with self.lock:
+            in_memory = self.loaded.pop(key, None) is not None
+            status = self.status.pop(key, None)
+        return self.store.delete(key) or in_memory or status is not None
+
+    def describe(self, key: str) -> ContextStatus | None:
+        """A context's status: in progress or failed here, else what the store's manifest says."""
+        with self.lock:
+            status = self.status.get(key)
+        if status is not None and status.status != "ready":
+            return status
+        entry = self.store.get(key)
+        if entry is None:
+            return status
+        try:
+            m = self.store.manifest(key)
+        except ContextFileError as e:
+            return ContextStatus(key, "failed", 0, error=str(e), bytes=entry.bytes, created=int(entry.last_used))
+        created = status.created if status is not None else int(entry.path.stat().st_mtime)
+        return ContextStatus(key, "ready", m.get("tokens", 0), m.get("tokens", 0), created,
+                             (m.get("encode") or {}).get("seconds"), entry.bytes,
+                             method=(m.get("method") or {}).get("name"))
+
+    def all_contexts(self) -> list[ContextStatus]:
+        keys = {e.key for e in self.store.entries()}
+        with self.lock:
+            keys |= set(self.status)
+        return [s for k in sorted(keys) if (s := self.describe(k)) is not None]
