@@ -1,0 +1,247 @@
+"""`reform serve` over loopback: a real uvicorn server on 127.0.0.1 with a tiny random-weight model, spoken
+to by the official `openai` client and by `httpx`."""
+
+import asyncio
+import concurrent.futures
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from reform.pipeline import Pipeline
+from reform.server import Settings, build_app
+from reform.server.worker import Job
+
+from conftest import CharTokenizer, tiny
+
+DOC = "The quick brown fox jumps over the lazy dog. A cat sat on the mat near the door. " * 7
+QUESTION = "What does the fox do?"
+OPTIONS = dict(heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=200)
+
+
+def make_pipe():
+    return Pipeline(tiny("llama"), CharTokenizer(), **OPTIONS)
+
+
+class LiveServer:
+    """uvicorn serving ``build_app(...)`` on a free loopback port in a background thread."""
+
+    def __init__(self, pipe, store, **kw):
+        self.app = build_app(pipe, store, **kw)
+        self.worker = self.app.state.worker
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.worker.stop()
+
+    def client(self, key="unused"):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def live(store):
+    with LiveServer(make_pipe(), store) as server:
+        yield server
+
+
+def chat(client, messages, **kw):
+    return client.chat.completions.create(model="reform", messages=messages, max_tokens=10, **kw)
+
+
+DOC_CHAT = [{"role": "system", "content": DOC}, {"role": "user", "content": QUESTION}]
+
+
+def test_chat_plain_and_streamed_equal_the_library(live):
+    expected = make_pipe().encode(DOC).ask(QUESTION, max_new_tokens=10)
+    client = live.client()
+    r = chat(client, DOC_CHAT)
+    assert r.choices[0].message.content == expected.text and r.choices[0].finish_reason == expected.finish_reason
+    assert r.usage.completion_tokens == len(expected.tokens) and r.usage.prompt_tokens == expected.input_tokens
+    assert r.model_extra["reform"]["encoded"] is True
+    chunks = list(chat(client, DOC_CHAT, stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip() == expected.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
+    assert chunks[-1].usage.completion_tokens == len(expected.tokens)
+    assert live.worker.encoded == 1                   # the re-sent document was not encoded again
+
+
+def test_raw_stream_ends_with_done(live):
+    with httpx.stream("POST", f"{live.url}/v1/chat/completions", timeout=60,
+                      json={"model": "reform", "messages": DOC_CHAT, "max_tokens": 5, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+
+
+def test_later_turns_ride_with_the_question_and_the_document_is_encoded_once(live):
+    client = live.client()
+    first = chat(client, DOC_CHAT)
+    turns = DOC_CHAT + [{"role": "assistant", "content": first.choices[0].message.content},
+                        {"role": "user", "content": "And the cat?"}]
+    second = chat(client, turns)
+    assert second.model_extra["reform"]["context_id"] == first.model_extra["reform"]["context_id"]
+    assert second.model_extra["reform"]["encoded"] is False and live.worker.encoded == 1
+
+
+def test_contexts_api(live):
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        r = http.post("/v1/contexts", json={"text": DOC})
+        assert r.status_code == 202 and r.json()["status"] in ("queued", "encoding", "ready")
+        key = r.json()["id"]
+        for _ in range(200):
+            status = http.get(f"/v1/contexts/{key}").json()
+            if status["status"] == "ready":
+                break
+            time.sleep(0.05)
+        assert status["status"] == "ready" and status["tokens_encoded"] == status["tokens"] > 500
+        assert status["bytes"] > 0 and status["encode_seconds"] >= 0
+        again = http.post("/v1/contexts", files={"file": ("doc.txt", DOC.encode(), "text/plain")})
+        assert again.status_code == 200 and again.json()["id"] == key        # same text, same id, no encode
+        assert [c["id"] for c in http.get("/v1/contexts").json()["data"]] == [key]
+        answer = live.client().chat.completions.create(model="reform", max_tokens=10, extra_body={"context_id": key},
+                                                       messages=[{"role": "user", "content": QUESTION}])
+        assert answer.model_extra["reform"]["encoded"] is False and live.worker.encoded == 1
+        assert http.delete(f"/v1/contexts/{key}").json()["deleted"] is True
+        assert http.get(f"/v1/contexts/{key}").status_code == 404
+        assert http.delete(f"/v1/contexts/{key}").status_code == 404
+        for bad, code in (({"json": {"txt": "x"}}, 400), ({"content": b"\xff\xfe bad"}, 400),
+                          ({"json": {"text": "  "}}, 400)):
+            assert http.post("/v1/contexts", **bad).status_code == code
+        assert http.get("/v1/models").json()["data"][0]["id"] == live.worker.pipe.model_name
+        assert http.get("/health").json()["status"] == "ok"
+
+
+def test_eight_concurrent_clients_are_all_answered(live):
+    expected = make_pipe().encode(DOC).ask(QUESTION, max_new_tokens=10).text
+    client = live.client()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: chat(client, DOC_CHAT, stream=bool(i % 2)), range(8)))
+    texts = [a.choices[0].message.content if not isinstance(a, openai.Stream) else None for a in answers]
+    for a, t in zip(answers, texts):
+        if t is None:
+            t = "".join(c.choices[0].delta.content or "" for c in a if c.choices).strip()
+        assert t == expected
+    assert live.worker.encoded == 1 and httpx.get(f"{live.url}/health").json()["status"] == "ok"
+
+
+def test_restart_answers_from_the_store_without_encoding(store):
+    with LiveServer(make_pipe(), store) as first:
+        before = chat(first.client(), DOC_CHAT).choices[0].message.content
+    pipe = make_pipe()
+    encodes = []
+    original = pipe.method.encode
+    pipe.method.encode = lambda *a, **k: encodes.append(1) or original(*a, **k)
+    with LiveServer(pipe, store) as second:
+        r = chat(second.client(), DOC_CHAT)
+        assert r.choices[0].message.content == before and r.model_extra["reform"]["encoded"] is False
+        assert r.model_extra["reform"]["stats"]["load"] >= 0 and encodes == [] and second.worker.encoded == 0
+
+
+def test_corrupted_context_file_is_a_clear_error_and_the_server_keeps_serving(live):
+    key = chat(live.client(), DOC_CHAT).model_extra["reform"]["context_id"]
+    live.worker.loaded.clear()
+    path = live.worker.store.path(key)
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0xFF
+    path.write_bytes(bytes(data))
+    r = httpx.post(f"{live.url}/v1/chat/completions", timeout=60,
+                   json={"model": "reform", "context_id": key, "messages": [{"role": "user", "content": QUESTION}]})
+    assert r.status_code == 500 and "corrupted" in r.json()["error"]["message"]
+    # the chat that carries the text heals it: the damaged file is replaced by a fresh encode
+    assert chat(live.client(), DOC_CHAT).model_extra["reform"]["encoded"] is True
+    assert httpx.get(f"{live.url}/health").json()["status"] == "ok"
+
+
+def test_api_key(store):
+    with LiveServer(make_pipe(), store, settings=Settings(api_key="s3cret")) as server:
+        with pytest.raises(openai.AuthenticationError):
+            chat(server.client("wrong"), DOC_CHAT)
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        assert chat(server.client("s3cret"), DOC_CHAT).choices[0].message.content
+
+
+def test_oversize_body_and_context(store):
+    with LiveServer(make_pipe(), store, settings=Settings(max_body_bytes=2000, max_context_tokens=400)) as server:
+        big = [{"role": "system", "content": "x" * 5000}, {"role": "user", "content": QUESTION}]
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "reform", "messages": big})
+        assert r.status_code == 413 and "over the limit" in r.json()["error"]["message"]
+        r = httpx.post(f"{server.url}/v1/contexts", json={"text": DOC[:1500]})
+        assert r.status_code == 413 and "tokens" in r.json()["error"]["message"]
+
+
+def test_full_queue_answers_503_with_retry_after(store):
+    with LiveServer(make_pipe(), store, queue_size=1) as server:
+        release, loop = threading.Event(), asyncio.new_event_loop()
+        blocker = lambda: Job(lambda job: release.wait(30), loop, loop.create_future())
+        server.worker.jobs.put(blocker())                 # the worker takes this one and blocks
+        while server.worker.busy_since is None:
+            time.sleep(0.01)
+        server.worker.jobs.put(blocker())                 # this one fills the queue
+        try:
+            with pytest.raises(openai.APIStatusError) as e:
+                chat(server.client(), DOC_CHAT)
+            assert e.value.status_code == 503 and int(e.value.response.headers["retry-after"]) >= 1
+        finally:
+            release.set()
+        assert chat(server.client(), DOC_CHAT).choices[0].message.content is not None
+        loop.close()
+
+
+def test_client_leaving_mid_stream_frees_the_worker(store):
+    pipe = make_pipe()
+    logits = pipe.engine.logits
+    pipe.engine.logits = lambda h: (time.sleep(0.05), logits(h))[1]      # ~20 tokens a second
+    with LiveServer(pipe, store) as server:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=60,
+                          json={"model": "reform", "messages": DOC_CHAT, "max_tokens": 250, "stream": True}) as r:
+            next(r.iter_lines())
+        t = time.time()
+        while server.worker.busy_since is not None:
+            assert time.time() - t < 5, "the worker kept generating for a client that left"
+            time.sleep(0.05)
+        assert chat(server.client(), DOC_CHAT, max_tokens=3).choices[0].message.content is not None
+
+
+@pytest.mark.parametrize("body,status,words", [
+    ({"n": 2}, 400, "n > 1"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool calls"),
+    ({"logprobs": True}, 400, "log-probabilities"),
+    ({"temperature": 5}, 400, "temperature"),
+    ({"bogus_field": 1}, 400, "unknown field"),
+    ({"model": "gpt-4o"}, 404, "not served here"),
+    ({"messages": [{"role": "user", "content": DOC}, {"role": "assistant", "content": "ok"}]}, 400, "last message"),
+    ({"messages": [{"role": "user", "content": QUESTION}]}, 400, "no context"),
+    ({"messages": []}, 400, "messages"),
+    ({"context_id": "0" * 32}, 404, "not found"),
+])
+def test_bad_requests_get_openai_errors(live, body, status, words):
+    payload = {"model": "reform", "messages": DOC_CHAT, **body}
+    r = httpx.post(f"{live.url}/v1/chat/completions", json=payload, timeout=60)
+    assert r.status_code == status and words in r.json()["error"]["message"]
