@@ -69,7 +69,7 @@ def live(store):
 
 
 def chat(client, messages, **kw):
-    return client.chat.completions.create(model="reform", messages=messages, max_tokens=10, **kw)
+    return client.chat.completions.create(model="reform", messages=messages, **{"max_tokens": 10, **kw})
 
 
 DOC_CHAT = [{"role": "system", "content": DOC}, {"role": "user", "content": QUESTION}]

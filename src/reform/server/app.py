@@ -184,7 +184,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
 
     # ------------------------------------------------------------------ chat
     async def plan(conv: Conversation, context_id: str | None) -> tuple[str, str | None, str]:
-        """``(context key, context text or None, question)``: the longest stored prefix of the earlier
+        """``(context key, context text (None for an uploaded context_id), question)``: the longest stored prefix of the earlier
         messages whose later turns fit beside the question, else all earlier messages (encoded once)."""
         earlier = conv.earlier
         if context_id is not None:
@@ -199,9 +199,10 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
             later = earlier[j:]
             if later and await run_in_threadpool(keys.tokens, context_text(later)) > history_limit:
                 break
-            key, _ = await key_of(context_text(earlier[:j]))
-            if known(key):
-                return key, None, history_question(later, conv.question)
+            text = context_text(earlier[:j])
+            key, _ = await key_of(text)
+            if known(key):    # the text still goes along: a damaged or evicted file is encoded again
+                return key, text, history_question(later, conv.question)
         text = context_text(earlier)
         key, _ = await key_of(text)
         return key, text, conv.question
