@@ -86,3 +86,22 @@ def test_option_values_are_typed():
     from reform.cli.main import parse_options
     assert parse_options(["dca=true", "retrieval_layer=14", "weight=0.5", "heads=5:v:2"]) == \
         {"dca": True, "retrieval_layer": 14, "weight": 0.5, "heads": "5:v:2"}
+
+
+def test_encode_and_ask_context_refusals(tmp_path, text_file):
+    r = run("encode", str(text_file), "-o", str(tmp_path / "nope" / "c.reform"))
+    assert r.exit_code == 2 and "does not exist" in r.output
+    r = run("encode", str(text_file), "-o", str(tmp_path))
+    assert r.exit_code == 2 and "is a directory" in r.output
+    r = run("ask", "-q", "What?")
+    assert r.exit_code == 2 and "exactly one" in r.output
+    r = run("ask", str(text_file), "--context", str(tmp_path / "c.reform"), "-q", "What?")
+    assert r.exit_code == 2 and "exactly one" in r.output
+    r = run("ask", "--context", str(tmp_path / "missing.reform"), "-q", "What?")
+    assert r.exit_code == 2 and "saved context not found" in r.output
+    r = run("ask", "--context", str(text_file), "-q", "What?")
+    assert r.exit_code == 2 and "not a readable saved context" in r.output
+    r = run("ask", "--context", str(text_file), "-q", "What?", "--recompute-budget", "512")
+    assert r.exit_code == 2 and "cannot be combined with --context" in r.output
+    r = run("ask", str(text_file), "-q", "What?", "--temperature", "9")
+    assert r.exit_code == 2 and "temperature" in r.output

@@ -53,8 +53,8 @@ class LiveServer:
         self.thread.join(timeout=20)
         self.worker.stop()
 
-    def client(self, key="unused"):
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=60)
+    def client(self, key="unused", timeout=60):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=timeout)
 
 
 @pytest.fixture

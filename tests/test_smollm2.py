@@ -51,3 +51,27 @@ def test_needle_beyond_the_window_encode_once_ask_twice(pipe):
     assert first.stats["recomputed_tokens"] <= pipe.engine.shape.window // 2 + 100
     assert ask_seconds < ctx.encode_seconds      # asking does not re-encode
     assert first.stats["encode"] == second.stats["encode"]
+
+
+def test_cli_encode_then_ask_context_equals_ask_file(tmp_path):
+    """`reform encode` + `reform ask --context` answer exactly as `reform ask FILE` (greedy), without encoding."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from reform.cli.main import app
+    pipe = Pipeline.load()
+    text, needle = needle_text(pipe, 12000, 0.4, seed=3)
+    doc, saved = tmp_path / "doc.txt", tmp_path / "doc.reform"
+    doc.write_text(text)
+    runner = CliRunner()
+    enc = runner.invoke(app, ["encode", str(doc), "-o", str(saved), "--json"])
+    assert enc.exit_code == 0, enc.output
+    info = json.loads(enc.stdout.strip().splitlines()[-1])
+    assert info["bytes"] == saved.stat().st_size and info["tokens"] > 12000
+    args = ["-q", needle.question, "--answer-prefix", needle.answer_prefix, "--json"]
+    direct = runner.invoke(app, ["ask", str(doc), *args])
+    from_file = runner.invoke(app, ["ask", "--context", str(saved), *args])
+    a, b = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (direct, from_file))
+    assert a["answer"] == b["answer"] and needle.answer in b["answer"]
+    assert b["stats"]["encode"] == 0.0 and b["stats"]["load"] < 5

@@ -72,6 +72,9 @@ RecomputeOpt = typer.Option(None, "--recompute-budget", help="context tokens gat
                             "window/2 or the model preset's; reform, truncate, rag-*, reform+rag)")
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
 DtypeOpt = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 where the hardware has it)")
+OptionOpt = typer.Option(None, "--option", help="KEY=VALUE: any other option of the method (a field of its "
+                         "config), e.g. ilre's dca=true; repeatable")
+ChatTemplateOpt = typer.Option(True, "--chat-template/--no-chat-template")
 
 
 _FLAGS = {"chunk_size": "--chunk-size", "cache_budget": "--cache-budget", "recompute_budget": "--recompute-budget",
@@ -193,10 +196,8 @@ def ask(file: Optional[Path] = typer.Argument(None, help="UTF-8 text file holdin
         model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
         chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
         recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
-        dtype: Optional[str] = DtypeOpt,
-        option: Optional[list[str]] = typer.Option(None, "--option", help="KEY=VALUE: any other option of the "
-                                                   "method (a field of its config), e.g. ilre's dca=true; repeatable"),
-        chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template")):
+        dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
+        chat_template: bool = ChatTemplateOpt):
     """Answer QUESTION about FILE (or a saved --context), however long it is."""
     try:
         if question is None or not question.strip():
@@ -246,10 +247,8 @@ def encode(file: Path = typer.Argument(..., help="UTF-8 text file holding the co
            model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
            chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
            recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
-           dtype: Optional[str] = DtypeOpt,
-           option: Optional[list[str]] = typer.Option(None, "--option", help="KEY=VALUE: any other option of "
-                                                      "the method; repeatable"),
-           chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template")):
+           dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
+           chat_template: bool = ChatTemplateOpt):
     """Encode FILE once and save the context; ask it later with `reform ask --context OUT -q ...`."""
     from ..store import ContextFileError
     try:

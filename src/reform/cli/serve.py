@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from .main import (CacheOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt, ModelOpt, RecomputeOpt,
-                   app, build_pipeline, err, fail, parse_options)
+from .main import (CacheOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt, ModelOpt, OptionOpt,
+                   RecomputeOpt, app, build_pipeline, err, fail, parse_options)
 
 
 @app.command()
@@ -34,9 +34,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
           model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
-          dtype: Optional[str] = DtypeOpt,
-          option: Optional[list[str]] = typer.Option(None, "--option", help="KEY=VALUE: any other option of the "
-                                                     "method; repeatable")):
+          dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt):
     """Serve the model over an OpenAI-compatible API (chat completions, saved contexts)."""
     import uvicorn
 

@@ -142,45 +142,40 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
         return ApiError(500, f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                         type="server_error")
 
+    async def still_wanted(job, request: Request, deadline: float) -> None:
+        """Cancel the job (and stop waiting) once its client has left or its time is up."""
+        if await request.is_disconnected():
+            job.cancel.set()
+            raise Cancelled()
+        if asyncio.get_running_loop().time() > deadline:
+            job.cancel.set()
+            raise ApiError(504, f"the request took longer than {settings.request_timeout:.0f} s",
+                           type="server_error", code="timeout")
+
+    def outcome(job):
+        if (e := job.future.exception()) is not None:
+            raise failure(e)
+        return job.future.result()
+
     async def wait(job, request: Request, deadline: float):
         """The job's result; cancels it if the client leaves or the deadline passes."""
-        loop = asyncio.get_running_loop()
-        while True:
-            done, _ = await asyncio.wait({job.future}, timeout=0.25)
-            if done:
-                if (e := job.future.exception()) is not None:
-                    raise failure(e)
-                return job.future.result()
-            if await request.is_disconnected():
-                job.cancel.set()
-                raise Cancelled()
-            if loop.time() > deadline:
-                job.cancel.set()
-                raise ApiError(504, f"the request took longer than {settings.request_timeout:.0f} s",
-                               type="server_error", code="timeout")
+        while not (await asyncio.wait({job.future}, timeout=0.25))[0]:
+            await still_wanted(job, request, deadline)
+        return outcome(job)
 
     async def next_event(job, request: Request, deadline: float):
         """``("text", piece)`` or ``("done", result)`` from a streaming job; errors raise."""
-        loop = asyncio.get_running_loop()
         while True:
             if not job.events.empty():
                 return job.events.get_nowait()
             if job.future.done():
-                if (e := job.future.exception()) is not None:
-                    raise failure(e)
-                return "done", job.future.result()
+                return "done", outcome(job)
             getter = asyncio.ensure_future(job.events.get())
             done, _ = await asyncio.wait({getter, job.future}, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
                 return getter.result()
             getter.cancel()
-            if await request.is_disconnected():
-                job.cancel.set()
-                raise Cancelled()
-            if loop.time() > deadline:
-                job.cancel.set()
-                raise ApiError(504, f"the request took longer than {settings.request_timeout:.0f} s",
-                               type="server_error", code="timeout")
+            await still_wanted(job, request, deadline)
 
     # ------------------------------------------------------------------ chat
     async def plan(conv: Conversation, context_id: str | None) -> tuple[str, str | None, str]:

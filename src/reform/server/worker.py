@@ -63,13 +63,19 @@ class Job:
     def emit(self, item) -> None:
         self.check()
         if self.events is not None:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+            try:
+                self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+            except RuntimeError:        # the event loop is gone (server shutting down): nobody listens
+                raise Cancelled() from None
 
     def _resolve(self, ok: bool, value) -> None:
         def settle():
             if not self.future.done():
                 (self.future.set_result if ok else self.future.set_exception)(value)
-        self.loop.call_soon_threadsafe(settle)
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:            # the event loop is gone: nobody waits for this result
+            pass
 
 
 class Worker:
