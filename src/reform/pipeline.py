@@ -123,7 +123,7 @@ class Pipeline:
             raise ContextFileError(f"{path} was encoded with another prompt layout (chat template on/off)")
         if saved.get("dtype") != mine["dtype"]:
             raise ContextFileError(f"{path} was encoded in {saved.get('dtype')} and this model runs in "
-                                   f"{mine['dtype']}; load it with --dtype {_DTYPE_FLAGS.get(saved.get('dtype'), '?')}")
+                                   f"{mine['dtype']}; load it with --dtype {DTYPE_FLAGS.get(saved.get('dtype'), '?')}")
 
     def tokenize_context(self, text: str) -> torch.Tensor:
         if not text or not text.strip():
@@ -142,7 +142,7 @@ class Pipeline:
         return self.encode(text).ask(question, **kwargs)
 
 
-_DTYPE_FLAGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+DTYPE_FLAGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 _PROBE = "Fingerprint: The quick brown fox, 1234567890 \u00e9\u4e2d <|im_start|> \n\tend."
 
 

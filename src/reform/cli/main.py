@@ -160,11 +160,12 @@ def run_question(pipe, text: str | None, question: str, answer_prefix: str, max_
 def load_saved_context(path: Path, model, dtype, device):
     """The pipeline and context of a file written by ``reform encode``: the model it names (unless
     ``--model`` says otherwise), in the dtype it was encoded in; method options are the file's."""
+    from ..pipeline import DTYPE_FLAGS
     from ..store import ContextFileError, read_manifest
     try:
         manifest = read_manifest(path)
         saved = manifest.get("model") or {}
-        dtype = dtype or {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(saved.get("dtype"))
+        dtype = dtype or DTYPE_FLAGS.get(saved.get("dtype"))
         pipe = build_pipeline(model or saved.get("source"), "full", None, None, None, None, device, dtype,
                               chat_template=True)
         return pipe, pipe.load_context(path)
