@@ -55,3 +55,37 @@ def tiny_model(request):
 @pytest.fixture
 def tokenizer():
     return CharTokenizer()
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def real_tokenizer():
+    """A byte-level BPE tokenizer trained here in a second (no download) with ChatML special tokens and
+    a chat template, like SmolLM2's: for tests of special tokens in user text and of the CLI end to end."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    corpus = ["The quick brown fox jumps over the lazy dog. What is the magic number? It is 42."] * 20
+    tk.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny random Llama with the real tokenizer above: ``--model DIR`` for CLI tests."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tok = real_tokenizer()
+    tok.save_pretrained(path)
+    model = tiny("llama", vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                 pad_token_id=tok.pad_token_id)
+    model.save_pretrained(path)
+    return path

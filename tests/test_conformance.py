@@ -162,5 +162,6 @@ def test_reform_models_prints_the_table(monkeypatch, tmp_path):
     assert r.exit_code == 0, r.output
     assert "1 equal, 1 refused" in r.output and "| llama | **equal to transformers** |" in r.output
     assert "multi-head latent attention" in (tmp_path / "models.md").read_text()
-    r = CliRunner().invoke(app, ["models", "-o", str(tmp_path / "no" / "models.md")])
-    assert r.exit_code == 2 and "folder not found" in r.output
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    r = CliRunner().invoke(app, ["models", "-o", str(tmp_path / "blocker" / "models.md")])
+    assert r.exit_code == 2 and "cannot write --out" in r.output

@@ -42,9 +42,22 @@ def cpu_supports_bf16() -> bool:
 
 def pick_device(device: str | None = None) -> torch.device:
     if device:
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ModelLoadError("--device cuda was asked for, but CUDA is not available")
+        if not isinstance(device, (str, torch.device)):
+            raise ModelLoadError(f"device must be a name such as cpu or cuda:0, got {device!r}")
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise ModelLoadError(f"unknown device '{device}': use cpu, cuda or cuda:N") from None
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ModelLoadError(f"device {device} was asked for, but CUDA is not available")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ModelLoadError(f"device {device} was asked for, but this machine has "
+                                     f"{torch.cuda.device_count()} CUDA device(s)")
+        elif dev.type == "mps" and not torch.backends.mps.is_available():
+            raise ModelLoadError(f"device {device} was asked for, but MPS is not available")
+        elif dev.type not in ("cpu", "cuda", "mps"):
+            raise ModelLoadError(f"device '{device}' is not supported: use cpu, cuda or cuda:N")
         return dev
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -53,8 +66,10 @@ def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
     """bf16 on CUDA and on CPUs with native bf16, fp32 elsewhere; ``dtype`` ("bf16", "fp16", "fp32") overrides."""
     names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
              "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
     if dtype:
-        if dtype not in names:
+        if not isinstance(dtype, str) or dtype not in names:
             raise ModelLoadError(f"unknown dtype '{dtype}': use bf16, fp16 or fp32")
         return names[dtype]
     if device.type == "cuda":
@@ -85,7 +100,44 @@ def resolve(model: str | None) -> tuple[str, dict]:
         return str(p), {}
     if model.count("/") > 1 or model.startswith((".", "/", "~")):
         raise ModelLoadError(f"model path not found: {model}")
-    return model, {}  # a hub id
+    return model, hub_arguments(model)
+
+
+def hub_arguments(model_id: str) -> dict:
+    """A hub id loads from the local Hugging Face cache when it is there; otherwise the hub must be
+    reachable. Without a network transformers retries for about a minute before it fails, so an
+    unreachable hub is detected at once (≤ 3 s) and said plainly."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    cached = isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+    if constants.HF_HUB_OFFLINE or not hub_reachable(constants.ENDPOINT):
+        if cached:
+            return {"local_files_only": True}
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hugging Face Hub cannot be reached"
+        raise ModelLoadError(f"model '{model_id}' is not a local path nor in the Hugging Face cache, and {why}: "
+                             "download it where there is a network, or give a local folder or .gguf file")
+    return {}
+
+
+def hub_reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    """Can a TCP connection to the hub be opened within ``timeout`` seconds (name lookup included)?"""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    url = urlparse(endpoint)
+    result = []
+
+    def probe():
+        try:
+            socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result)
 
 
 def load_model(model: str | None = None, *, device: str | None = None, dtype: str | None = None) -> LoadedModel:
@@ -97,19 +149,36 @@ def load_model(model: str | None = None, *, device: str | None = None, dtype: st
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
     hf_logging.set_verbosity_error()
+    quiet_progress_bars()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if extra:
+    if "gguf_file" in extra:
         source, extra = converted_gguf(Path(source) / extra["gguf_file"], model)
     try:
         tok = AutoTokenizer.from_pretrained(source, **extra)
         # GGUF weights are dequantised on load; do it in fp32 and cast (direct bf16 loads are slower).
-        m = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32 if extra else dt, **extra)
+        m = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32 if "gguf_file" in extra else dt, **extra)
     except (OSError, ValueError, KeyError) as e:  # unknown id, no network, unsupported architecture
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"could not load model '{model or DEFAULT_MODEL}': {first}") from None
     m = m.to(device=dev, dtype=dt).eval()
     release_freed_memory()
-    return LoadedModel(m, tok, model or DEFAULT_MODEL_ID)
+    # the packaged model by any of its names is the hub model it was quantised from (its preset's id)
+    return LoadedModel(m, tok, DEFAULT_MODEL_ID if model in (None, "", DEFAULT_MODEL) else model)
+
+
+def quiet_progress_bars() -> None:
+    """Loading and de-quantisation progress bars only where someone watches: on an interactive terminal
+    (``REFORM_PROGRESS=1`` forces them on). Piped or captured stderr stays clean for scripts."""
+    import sys
+
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+    if sys.stderr.isatty() or os.environ.get("REFORM_PROGRESS") == "1":
+        hf_logging.enable_progress_bar()
+        enable_progress_bars()
+    else:
+        hf_logging.disable_progress_bar()
+        disable_progress_bars()
 
 
 def converted_gguf(path: Path, model: str | None) -> tuple[str, dict]:

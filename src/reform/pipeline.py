@@ -27,8 +27,25 @@ def method_class(name: str) -> type[Method]:
 
 
 def check_method_options(name: str, **options) -> None:
-    """Refuse an unknown method or options it does not take, before any model is loaded."""
+    """Refuse an unknown method, options it does not take or values of the wrong type, before any model
+    is loaded."""
+    if not isinstance(name, str):
+        raise TypeError(f"method must be a name such as 'reform', got {name!r}")
     method_class(name).check_options(options)
+
+
+def check_load(model=None, *, device=None, dtype=None, method: str = "reform", **options) -> None:
+    """Everything about ``Pipeline.load(model, device=, dtype=, method=, **options)`` that can be refused
+    without loading the model: the model's path (or that the hub is reachable for an id not cached), the
+    device, the dtype, the method and its option values. The CLI, the eval runner and ``Pipeline.load``
+    all call it first, so a bad input costs no load and leaves no output behind. Raises ``ValueError``
+    (``TypeError`` for arguments of the wrong type) with a one-line message."""
+    from .model import pick_device, pick_dtype, resolve
+    if model is not None and not isinstance(model, (str, Path)):
+        raise TypeError(f"model must be a hub id, folder or .gguf path, got {model!r}")
+    check_method_options(method, **options)
+    pick_dtype(pick_device(device), dtype)
+    resolve(str(model) if model is not None else None)
 
 
 def make_method(name: str, engine: Engine, model_name: str, **options) -> Method:
@@ -57,8 +74,11 @@ class Pipeline:
     @classmethod
     def load(cls, model: str | None = None, *, device: str | None = None, dtype: str | None = None,
              **kwargs) -> "Pipeline":
-        loaded = load_model(model, device=device, dtype=dtype)
-        return cls(loaded.model, loaded.tokenizer, model_name=loaded.name, source=model or DEFAULT_MODEL, **kwargs)
+        options = {k: v for k, v in kwargs.items() if k != "use_chat_template"}
+        check_load(model, device=device, dtype=dtype, **options)
+        loaded = load_model(str(model) if model is not None else None, device=device, dtype=dtype)
+        return cls(loaded.model, loaded.tokenizer, model_name=loaded.name, source=str(model or DEFAULT_MODEL),
+                   **kwargs)
 
     # ---------------------------------------------------------------- identity and saved contexts
     @property
@@ -126,7 +146,9 @@ class Pipeline:
                                    f"{mine['dtype']}; load it with --dtype {DTYPE_FLAGS.get(saved.get('dtype'), '?')}")
 
     def tokenize_context(self, text: str) -> torch.Tensor:
-        if not text or not text.strip():
+        if not isinstance(text, str):
+            raise TypeError(f"the context must be text (str), got {type(text).__name__}")
+        if not text.strip():
             raise ValueError("the context is empty")
         return as_tensor(self.templater.context(text), self.engine.device)
 

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from ..outputs import write_atomic
 from typing import Callable, Iterable
 
 import torch
@@ -213,7 +215,7 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
               "repeats": repeats, "max_new_tokens": max_new_tokens, "seed": seed,
               "runs": runs, "summary": summary,
               "scaling": [e for s in specs if (e := scaling_exponent(summary, s.label)) is not None]}
-    (out_dir / RESULTS).write_text(json.dumps(result, indent=1))
+    write_atomic(out_dir / RESULTS, json.dumps(result, indent=1))
     from .plots import plot_bench
     plot_bench(result, out_dir)
     return result

@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from .eval import MethodsOpt, check_methods, load
-from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, app, err, fail, out
+from .eval import MethodsOpt, check_load, check_methods, load
+from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, app, checked_output, err, fail, out
 
 
 def scaling_lengths(text: str) -> list[int]:
@@ -60,6 +60,7 @@ def bench(methods: str = MethodsOpt,
     memory, FLOP efficiency against this machine's measured matmul throughput, and a second question on
     the encoded context. Writes bench.json, bench.md and PNGs to --out."""
     from ..eval.runner import parse_lengths
+    from ..outputs import write_atomic
     try:
         if (lengths is None) == (scaling is None):
             raise CliError("give exactly one of --lengths (e.g. 32k,128k) or --scaling (e.g. 8k..1M)")
@@ -68,8 +69,8 @@ def bench(methods: str = MethodsOpt,
         except ValueError as e:
             raise CliError(str(e)) from None
         specs = check_methods(methods)
-        if out_dir.exists() and not out_dir.is_dir():
-            raise CliError(f"--out {out_dir} is a file, not a folder")
+        check_load(model, device, dtype)
+        out_dir = checked_output(out_dir, "--out", folder=True)
         loaded = load(model, device, dtype)
         from ..bench.runner import run_bench
         try:
@@ -84,6 +85,6 @@ def bench(methods: str = MethodsOpt,
     for fit in result["scaling"]:
         md += (f"\n\n{fit['method']}: time ~ length^{fit['time_exponent']} over {fit['points']} lengths; "
                f"peak RSS grows {fit['rss_bytes_per_token']:.0f} bytes per extra input token")
-    (out_dir / "bench.md").write_text(md + "\n")
+    write_atomic(out_dir / "bench.md", md + "\n")
     out.print(md, markup=False)
     out.print(f"\nwrote {out_dir / 'bench.json'}, {out_dir / 'bench.md'} and PNGs", markup=False)

@@ -14,7 +14,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Evaluate methods side by side: NIAH heat maps, RULER-style and BABILong-style suites, "
                        "or any JSONL of rows.")
 
-from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, out  # noqa: E402
+from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, on_interrupt, out  # noqa: E402
 
 MethodsOpt = typer.Option("reform", "--methods", help="comma-separated methods, each optionally with options: "
                           "reform,h2o,truncate:recompute_budget=512 (options are fields of the method's config)")
@@ -92,10 +92,17 @@ def check_out(path: Path):
         return prepare_out_dir(path)
 
 
+def check_load(model: str | None, device: str | None, dtype: str | None) -> None:
+    """Refuse a missing model path, an unreachable hub, a bad device or dtype before anything heavy and
+    before any output folder is made."""
+    from ..pipeline import check_load as check
+    with refused(TypeError):
+        check(model, device=device, dtype=dtype, method="full")
+
+
 def load(model: str | None, device: str | None, dtype: str | None):
-    from ..model import load_model, resolve
+    from ..model import load_model
     with refused():             # ModelLoadError is a ValueError
-        resolve(model)          # a missing path fails here, before anything heavy
         return load_model(model, device=device, dtype=dtype)
 
 
@@ -106,12 +113,14 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
     from ..engine.core import UnsupportedModelError
     from ..eval.runner import RESULTS, run_eval
     specs = check_methods(methods)
+    check_load(model, device, dtype)
     out_dir = check_out(out_dir)
+    on_interrupt(f"the rows finished so far are kept in {out_dir}; run the same command again to resume")
     loaded = load(model, device, dtype)
     with refused(UnsupportedModelError):
         rows = rows_for(loaded.tokenizer)
         metrics = run_eval(rows[:max_rows] if max_rows else rows, methods=specs, out_dir=out_dir,
-                           model=loaded.model, tokenizer=loaded.tokenizer, model_name=loaded.name, progress=True,
+                           model=loaded.model, tokenizer=loaded.tokenizer, model_name=loaded.name, progress=err.is_terminal,
                            console=err, resume=not fresh, force_over_window=force,
                            meta={**meta, "max_rows": max_rows})
     show(out_dir / RESULTS, metrics)
@@ -120,7 +129,7 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
 def show(results: Path, metrics: dict):
     out.print(results.read_text(), markup=False, highlight=False)
     names = ("predictions.jsonl", "config.json", "metrics.json", "results.md",
-             *(Path(p).name for p in metrics["plots"]))
+             *(Path(p).name for p in metrics.get("plots", ())))
     err.print(f"wrote {results.parent}: {', '.join(n for n in names if (results.parent / n).exists())}",
               markup=False, highlight=False)
 

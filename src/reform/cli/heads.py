@@ -31,9 +31,20 @@ def _load(model, device, dtype):
         _fail(str(e))
 
 
+def _writable(path: Path | None, flag: str, folder: bool = False) -> Path | None:
+    """Refuse an output path that cannot be written before any work (minutes of it) starts."""
+    from ..outputs import OutputError, check_output_dir, check_output_file
+    if path is None:
+        return None
+    try:
+        return check_output_dir(path, flag) if folder else check_output_file(path, flag)
+    except OutputError as e:
+        _fail(str(e))
+
+
 def _progress(total: int, label: str):
     return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-                    TimeElapsedColumn(), console=console)
+                    TimeElapsedColumn(), console=console, disable=not console.is_terminal)
 
 
 def _read(path: Path) -> dict:
@@ -77,18 +88,28 @@ def select(out: Path = typer.Option(Path("heads.json"), "--out", "-o", help="pre
            dtype: Optional[str] = typer.Option(None, "--dtype")):
     """Score every head by MNR on the two calibration tasks and write a preset with the selected heads."""
     from ..heads.plots import heat_maps
-    from ..heads.select import measure, to_preset
+    from ..heads.select import check_sample_length, measure, to_preset
+    from ..outputs import write_atomic
+    try:
+        check_sample_length(length)
+    except ValueError as e:
+        _fail(str(e))
+    out, plots = _writable(out, "--out"), _writable(plots, "--plots", folder=True)
     pipe = _load(model, device, dtype)
     t0 = time.perf_counter()
-    with _progress(2 * samples, "scoring heads") as bar:
-        task = bar.add_task("x", total=2 * samples)
-        table = measure(pipe, samples=samples, length=length, seed=seed, progress=lambda n: bar.advance(task, n))
+    try:
+        check_sample_length(length, pipe.engine.shape.window)
+        with _progress(2 * samples, "scoring heads") as bar:
+            task = bar.add_task("x", total=2 * samples)
+            table = measure(pipe, samples=samples, length=length, seed=seed,
+                            progress=lambda n: bar.advance(task, n))
+    except ValueError as e:
+        _fail(str(e))
     heads = table.select()
     table.info["selected"] = [str(h) for h in heads]
     table.info["seconds"] = round(time.perf_counter() - t0, 1)
     preset = to_preset(table, heads)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(preset, indent=1))
+    write_atomic(out, json.dumps(preset, indent=1))
     _show(preset)
     for p in heat_maps(table, plots or out.parent, out.stem):
         console.print(f"heat map: {p}")
@@ -100,6 +121,7 @@ def show(preset: Path = typer.Argument(..., help="a preset JSON written by `refo
          plots: Optional[Path] = typer.Option(None, "--plots", help="also write heat maps to this folder")):
     """Print a preset's selected heads and best heads per task; optionally draw its heat maps."""
     from ..heads.plots import heat_maps
+    plots = _writable(plots, "--plots", folder=True)
     data = _read(preset)
     table = _show(data)
     table.info.setdefault("selected", data["heads"])
@@ -156,6 +178,8 @@ def select_layer(samples: int = typer.Option(6, "--samples", min=1, help="passke
                  dtype: Optional[str] = typer.Option(None, "--dtype")):
     """ILRe's retrieval layer: passkey recall of every layer, the smallest with the highest recall (ILRe §3.2)."""
     from ..heads.layer_select import select_layer as sweep
+    from ..outputs import write_atomic
+    out = _writable(out, "--out")
     pipe = _load(model, device, dtype)
     try:
         with _progress(samples, "passkey samples") as bar:
@@ -165,8 +189,7 @@ def select_layer(samples: int = typer.Option(6, "--samples", min=1, help="passke
     except ValueError as e:
         _fail(str(e))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
+        write_atomic(out, json.dumps(result, indent=1))
     if as_json:
         print(json.dumps(result))
         return

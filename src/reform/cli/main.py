@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import time
@@ -13,16 +12,52 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+err = Console(stderr=True, soft_wrap=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+_interrupt_note = ["nothing was written"]
+
+
+def on_interrupt(note: str) -> None:
+    """What the Ctrl-C line tells the user about the work done so far (e.g. how to resume)."""
+    _interrupt_note[0] = note
+
+
+class ReformGroup(typer.core.TyperGroup):
+    """The ``reform`` command group, with every failure on one line: usage errors (a bad flag or value)
+    as ``error: ...`` with exit status 2, like the commands' own refusals, and Ctrl-C as one line that
+    says what was kept, with exit status 130."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.Abort:                  # end of input at a prompt
+            code = 130
+        except Exception as e:               # click's exceptions (typer vendors its own click): by shape
+            if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+                raise
+            if type(e).__name__ == "NoArgsIsHelpError":
+                e.show()
+            else:
+                ctx = getattr(e, "ctx", None)
+                hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+                err.print(f"[bold red]error:[/] {e.format_message()}{hint}", highlight=False)
+            sys.exit(e.exit_code)
+        if code == 130:                      # typer turns KeyboardInterrupt into exit status 130
+            err.print(f"[bold red]interrupted[/] (Ctrl-C): {_interrupt_note[0]}", highlight=False)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=ReformGroup, add_completion=False, no_args_is_help=True,
                   help="REFORM: answer questions about inputs far longer than the model's window.")
 from .heads import app as heads_app
 
 app.add_typer(heads_app, name="heads")
-err = Console(stderr=True, soft_wrap=True, emoji=False)
-out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 
 class CliError(Exception):
@@ -30,11 +65,16 @@ class CliError(Exception):
 
 
 def read_text_file(path: Path) -> str:
-    if not path.exists():
+    """A UTF-8 text file's content; ``-`` reads standard input."""
+    if str(path) == "-":
+        data = sys.stdin.buffer.read()
+        path = "standard input"
+    elif not path.exists():
         raise CliError(f"file not found: {path}")
-    if path.is_dir():
+    elif path.is_dir():
         raise CliError(f"{path} is a directory, not a text file")
-    data = path.read_bytes()
+    else:
+        data = path.read_bytes()
     if not data.strip():
         raise CliError(f"{path} is empty")
     if b"\x00" in data[:1 << 20]:
@@ -48,7 +88,7 @@ def read_text_file(path: Path) -> str:
 @contextmanager
 def encode_progress(total: int, quiet: bool):
     """A progress bar over encoded tokens (only for contexts worth watching)."""
-    if quiet or total < 4096:
+    if quiet or total < 4096 or not err.is_terminal:   # a bar only where someone watches
         yield None
         return
     with Progress(TextColumn("encoding"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
@@ -116,25 +156,34 @@ def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_bud
                "recompute_budget": recompute_budget, **(extra or {})}
     try:
         check_method_options(method, **options)
-        with warnings.catch_warnings(record=True) as notes:
-            warnings.simplefilter("always", UserWarning)
-            pipe = Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
+        with notes_as_lines():
+            return Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
                                  **options)
-        for note in notes:   # ours (e.g. guessed embedding heads): one line each, not a Python warning
-            if "/reform/" in note.filename.replace("\\", "/"):
-                err.print(f"[yellow]note:[/] {note.message}", highlight=False)
-        return pipe
     except OptionError as e:
         raise option_error(e) from None
     except (ModelLoadError, UnsupportedModelError, ValueError) as e:
         raise CliError(str(e)) from None
 
 
+@contextmanager
+def notes_as_lines():
+    """Our warnings (guessed embedding heads, a context past the window) as one ``note:`` line each on
+    stderr, not as Python's two-line warnings; other libraries' warnings are not shown."""
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            yield
+        finally:
+            for note in notes:
+                if "/reform/" in note.filename.replace("\\", "/"):
+                    err.print(f"[yellow]note:[/] {note.message}", highlight=False)
+
+
 def encode_text(pipe, text: str, quiet: bool):
     """Encode ``text`` with a progress bar over its tokens (refusals become one-line errors)."""
     try:
         n = pipe.tokenize_context(text).shape[0]
-        with encode_progress(n, quiet) as progress:
+        with encode_progress(n, quiet) as progress, notes_as_lines():
             return pipe.encode(text, progress)
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -143,6 +192,10 @@ def encode_text(pipe, text: str, quiet: bool):
 def run_question(pipe, text: str | None, question: str, answer_prefix: str, max_new_tokens: int, as_json: bool,
                  stream: bool = True, ctx=None, sampling: dict | None = None):
     """Answer ``question`` about ``text`` (encoded here) or about the already encoded ``ctx``."""
+    try:       # a question that cannot be asked is refused before the encode, not after
+        pipe.templater.question(question, answer_prefix)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     ctx = ctx if ctx is not None else encode_text(pipe, text, as_json)
     printer = None
     if stream and not as_json:
@@ -170,6 +223,16 @@ def load_saved_context(path: Path, model, dtype, device):
                               chat_template=True)
         return pipe, pipe.load_context(path)
     except ContextFileError as e:
+        raise CliError(str(e)) from None
+
+
+def checked_output(path: Path, flag: str, folder: bool) -> Path:
+    """``path`` if a result can be written there (a file, or a folder of results), refused before any
+    work otherwise."""
+    from ..outputs import OutputError, check_output_dir, check_output_file
+    try:
+        return check_output_dir(path, flag) if folder else check_output_file(path, flag)
+    except OutputError as e:
         raise CliError(str(e)) from None
 
 
@@ -253,12 +316,8 @@ def encode(file: Path = typer.Argument(..., help="UTF-8 text file holding the co
     """Encode FILE once and save the context; ask it later with `reform ask --context OUT -q ...`."""
     from ..store import ContextFileError
     try:
-        if output.is_dir():
-            raise CliError(f"{output} is a directory; give a file name such as book.reform")
-        if not output.parent.is_dir():
-            raise CliError(f"cannot write {output}: folder {output.parent} does not exist")
-        if not os.access(output.parent, os.W_OK):
-            raise CliError(f"cannot write {output}: folder {output.parent} is not writable")
+        output = checked_output(output, "--out", folder=False)
+        on_interrupt(f"nothing was written ({output} is as it was); run the command again to encode from the start")
         text = read_text_file(file)
         pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
                               chat_template, parse_options(option))

@@ -19,10 +19,14 @@ def models(all_types: bool = typer.Option(False, "--all", help="also every other
     import transformers
 
     from ..conformance import VARIANTS, all_variants, check, table
-    from .main import CliError, fail
+    from ..outputs import write_atomic
+    from .main import CliError, checked_output, fail
 
-    if out_file is not None and not out_file.parent.is_dir():
-        fail(CliError(f"folder not found for --out: {out_file.parent}"))
+    if out_file is not None:
+        try:
+            out_file = checked_output(out_file, "--out", folder=False)
+        except CliError as e:
+            fail(e)
     variants = all_variants() if all_types else VARIANTS
     results = []
     with err.status("") as status:
@@ -35,6 +39,6 @@ def models(all_types: bool = typer.Option(False, "--all", help="also every other
             f"{sum(r.status == 'different' for r in results)} different\n\n" + table(results))
     out.print(text, markup=False)
     if out_file is not None:
-        out_file.write_text(text + "\n")
+        write_atomic(out_file, text + "\n")
     if any(r.status == "different" for r in results):
         raise typer.Exit(1)

@@ -4,6 +4,10 @@ The chat template is rendered once around a placeholder and split, so the contex
 (and encoded) on its own and any question appended later: ``prefix + context`` is what gets encoded,
 ``separator + question + suffix`` is the question part asked on top of it. REFORM's query is the
 ``question`` span alone (no special tokens, no answer prefix; paper appendix C.6).
+
+User text (context, question, answer prefix) is always tokenised as text: a ``<|im_start|>`` inside a
+document becomes the characters it spells, never a control token, so a document cannot open a turn of
+its own. Only the template's own parts carry special tokens.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 _PLACEHOLDER = "\u2063REFORM-CONTENT\u2063"
 SEPARATOR = "\n\n"
@@ -41,21 +46,43 @@ class Templater:
             text = tokenizer.apply_chat_template([{"role": "user", "content": _PLACEHOLDER}],
                                                  tokenize=False, add_generation_prompt=True)
             self.head, self.tail = text.split(_PLACEHOLDER)
-            self.prefix = self.encode(self.head)
+            self.prefix = self.template_ids(self.head)
         else:
             self.head, self.tail = "", "\n"
             self.prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS where the model uses one
 
-    def encode(self, text: str) -> list[int]:
+    def template_ids(self, text: str) -> list[int]:
+        """The template's own text, special tokens included."""
         return self.tok(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def encode(self, text: str) -> list[int]:
+        """User text, special-token strings included as plain text."""
+        if not text:
+            return []
+        if isinstance(self.tok, PreTrainedTokenizerBase):
+            return self.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def special_strings(self) -> list[str]:
+        """The tokenizer's special-token strings (``<|endoftext|>``, ``<|im_start|>`` ...)."""
+        specials = set(getattr(self.tok, "all_special_tokens", None) or ())
+        for token in (getattr(self.tok, "added_tokens_decoder", None) or {}).values():
+            if getattr(token, "special", False):
+                specials.add(str(token))
+        return sorted((s for s in specials if s), key=len, reverse=True)
 
     def context(self, text: str) -> list[int]:
         """Token ids to encode: template prefix + context."""
         return self.prefix + self.encode(text)
 
     def question(self, question: str, answer_prefix: str = "") -> QuestionPart:
-        return QuestionPart(self.encode(SEPARATOR), self.encode(question),
-                            self.encode(self.tail + answer_prefix))
+        words = question
+        for special in self.special_strings():
+            words = words.replace(special, "")
+        if not words.strip():
+            raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
+        return QuestionPart(self.template_ids(SEPARATOR), self.encode(question),
+                            self.template_ids(self.tail) + self.encode(answer_prefix))
 
     def eos_ids(self, model) -> list[int]:
         ids = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None

@@ -23,13 +23,17 @@ class Sampling:
     def __post_init__(self):
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of up to 4 strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop or ()))
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 2.0:
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not number(self.temperature) or not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"temperature must be between 0 and 2, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2 ** 64):
+            raise ValueError(f"seed must be a whole number from 0 to 2**64-1, got {self.seed!r}")
         if len(self.stop) > 4 or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be up to 4 non-empty strings")
 
@@ -62,7 +66,10 @@ class TokenChooser:
         s = self.sampling
         if s.greedy:
             return int(logits.argmax(-1))
-        probs = torch.softmax(logits.float() / s.temperature, dim=-1)
+        # shift before scaling, in float64: at a tiny temperature logits / T overflows (or T itself rounds
+        # to 0 in float32) and softmax gives NaN; shifted, the top token is 0 and the rest fall to -inf
+        logits = logits.double()
+        probs = torch.softmax((logits - logits.max()) / s.temperature, dim=-1).float()
         if s.top_p < 1.0:
             sorted_p, order = probs.sort(descending=True)
             # drop tokens once the mass before them already reaches top_p (the top token always stays)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tempfile
 import time
 import warnings
 from collections import defaultdict
@@ -23,6 +22,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from ..outputs import check_output_dir, write_atomic
 from .rows import Row
 
 PREDICTIONS, CONFIG, METRICS, RESULTS = "predictions.jsonl", "config.json", "metrics.json", "results.md"
@@ -142,16 +142,9 @@ def method_specs(methods: Iterable) -> list[MethodSpec]:
 
 # ---------------------------------------------------------------- output folder and records
 def prepare_out_dir(out_dir: str | Path) -> Path:
-    """Create ``out_dir`` and make sure files can be written in it (before any model is loaded)."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output folder {out} is a file")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-            pass
-    except OSError as e:
-        raise ValueError(f"cannot write to output folder {out}: {e.strerror or e}") from None
+    """Make sure files can be written in ``out_dir`` (before any model is loaded), then create it."""
+    out = check_output_dir(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     return out
 
 
@@ -358,7 +351,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
               "chat_template": use_chat_template, "versions": versions(), "machine": machine(model),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     config = merged_config(out, config) if resume else config | {"runs": [run_entry(config)]}
-    (out / CONFIG).write_text(json.dumps(config, indent=1))
+    write_atomic(out / CONFIG, json.dumps(config, indent=1))
     if total:
         if model is None:
             loaded = loader()
@@ -369,7 +362,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
             if entry["label"] in pipes:
                 entry["resolved"] = resolved_options(pipes[entry["label"]].method)
         config["machine"] = config["runs"][-1]["machine"] = machine(model)
-        (out / CONFIG).write_text(json.dumps(config, indent=1, default=str))
+        write_atomic(out / CONFIG, json.dumps(config, indent=1, default=str))
         with open(pred_path, "a", encoding="utf-8") as sink, RowProgress(progress, total, console) as bar:
             for group in group_by_context(rows):
                 for spec in specs:
@@ -536,8 +529,9 @@ def write_report(out_dir: str | Path, plots: bool = True) -> dict:
         raise ValueError(f"{pred_path} holds no predictions")
     metrics = aggregate(records, [m["label"] for m in config.get("methods", [])])
     metrics["model"] = config.get("model", "")
-    (out / METRICS).write_text(json.dumps(metrics, indent=1))
-    (out / RESULTS).write_text(markdown(metrics, metrics["model"]))
+    write_atomic(out / METRICS, json.dumps(metrics, indent=1))
+    write_atomic(out / RESULTS, markdown(metrics, metrics["model"]))
+    metrics["plots"] = []
     if plots:
         from .plots import draw_all
         metrics["plots"] = [str(p) for p in draw_all(metrics, out)]

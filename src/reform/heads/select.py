@@ -168,7 +168,23 @@ class MNRTable:
                    d["mnr"], d.get("hidden", {}), info)
 
 
+MIN_SAMPLE_TOKENS = 2048     # room for up to 9 facts, each in its own filler paragraph
+
+
+def check_sample_length(length: int | None, window: int | None = None) -> None:
+    """Calibration samples are read with full attention inside the model's window, next to a question."""
+    if length is None:
+        return
+    if length < MIN_SAMPLE_TOKENS:
+        raise ValueError(f"--length {length} is too short: samples need at least {MIN_SAMPLE_TOKENS} tokens so "
+                         "every fact lands in its own paragraph")
+    if window is not None and length > window - 256:
+        raise ValueError(f"--length {length} does not fit the model's window ({window}) with the question: "
+                         f"use at most {window - 256}")
+
+
 def make_samples(pipe, per_task: int, length: int | None, seed: int) -> list[Sample]:
+    check_sample_length(length, pipe.engine.shape.window)
     length = length or pipe.engine.shape.window - 512
     rng = random.Random(seed)
     return [make_sample(task, pipe.templater, length, rng) for _ in range(per_task) for task in TASKS]

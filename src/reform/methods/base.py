@@ -20,7 +20,7 @@ from ..engine.core import EvictionPolicy, ModelShape
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.sampling import Sampling, StopScanner
 from ..stats import Timer, peak_cuda_mb, peak_memory_mb
-from .options import build_config, check_names
+from .options import build_config, typed_options
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -63,10 +63,17 @@ class Context:
         """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated.
         Greedy at ``temperature`` 0 (the default); otherwise sampled (``top_p``, ``seed``); the answer
         ends before the first of the ``stop`` strings."""
-        if not isinstance(question, str) or not question.strip():
+        for name, value in (("question", question), ("answer_prefix", answer_prefix)):
+            if not isinstance(value, str):
+                raise TypeError(f"the {name} must be text (str), got {type(value).__name__}")
+        if not question.strip():
             raise ValueError("the question is empty")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be a whole number, got {max_new_tokens!r}")
+        if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        if on_text is not None and not callable(on_text):
+            raise TypeError(f"on_text must be a function that takes the new text, got {on_text!r}")
         sampling = Sampling(temperature, top_p, seed, stop)
         part = self.pipeline.templater.question(question, answer_prefix)
         return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling)
@@ -103,8 +110,8 @@ class Method:
 
     @classmethod
     def check_options(cls, options: dict) -> None:
-        """Refuse options the method does not take (no model needed)."""
-        check_names(cls.name, cls.Config, options)
+        """Refuse options the method does not take, or values of the wrong type (no model needed)."""
+        typed_options(cls.name, cls.Config, options)
 
     @classmethod
     def create(cls, shape: ModelShape, model_name: str, defaults: dict | None = None, **options) -> "Method":

@@ -56,7 +56,7 @@ from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import StreamingLLM
 from ..stats import Timer
 from .base import Context, Method, register
-from .options import pick, require_positive, require_room
+from .options import pick, require_chunk_size, require_positive, require_room
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -217,6 +217,7 @@ class ILReConfig:
             raise ValueError(f"retrieval layer {self.retrieval_layer} is not a layer of this model "
                              f"(0..{shape.n_layers - 1}, 0-based)")
         require_positive(chunk_size=self.chunk_size, recompute_budget=self.recompute_budget)
+        require_chunk_size(self.chunk_size, shape)
         if not 0 <= self.keep_first < self.cache_budget:
             raise ValueError(f"the sliding-window cache ({self.cache_budget}) must hold the {self.keep_first} sink "
                              "tokens and at least one more")

@@ -4,6 +4,9 @@ recompute / retrieval budget 8k-16k ~ W/2, always-kept first/last 256 tokens).""
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
 
@@ -35,19 +38,88 @@ def check_names(method: str, config_cls: type | None, options: dict) -> None:
         raise OptionError(method, unknown, accepted)
 
 
+# Options that count tokens (or kernels, heads) and must be at least 1; every other whole-number option
+# (keep_first, keep_last, retrieval_layer) must be at least 0.
+POSITIVE = {"chunk_size", "cache_budget", "recompute_budget", "pool_window", "score_window", "passage_tokens",
+            "block_size", "repr_tokens", "local_size", "span_size", "top_k", "max_kernels", "avg_kernels"}
+DTYPE_NAMES = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16",
+               "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+def typed_options(method: str, config_cls: type | None, options: dict) -> dict:
+    """The given options checked against the types of the config's fields and normalised (a dtype by
+    name becomes a ``torch.dtype``, a list a tuple): the one place every option value is validated
+    before a model is loaded, for the CLI, the eval specs, the server and the Python API alike. Checks
+    that need the model's window (budgets that fit it) run when the config is resolved."""
+    check_names(method, config_cls, options)
+    if config_cls is None:
+        return {}
+    hints = typing.get_type_hints(config_cls)
+    return {k: _typed(method, k, hints[k], v) for k, v in given(options).items()}
+
+
+def _typed(method: str, name: str, hint, value):
+    import torch
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    what = f"option {name} of {method}"
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{what} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{what} must be a whole number, got {value!r}")
+        if value < 1 and name in POSITIVE:
+            raise ValueError(f"{what} must be positive, got {value}")
+        if value < 0:
+            raise ValueError(f"{what} cannot be negative, got {value}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{what} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{what} must be text, got {value!r}")
+        return value
+    if hint is torch.dtype:
+        if isinstance(value, torch.dtype) and str(value).removeprefix("torch.") in DTYPE_NAMES.values():
+            return value
+        if isinstance(value, str) and value.lower().removeprefix("torch.") in DTYPE_NAMES:
+            return getattr(torch, DTYPE_NAMES[value.lower().removeprefix("torch.")])
+        raise ValueError(f"{what} must be one of float16, bfloat16, float32, got {value!r}")
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        if item is int:     # kernel sizes: "3,5,7" from the command line, or a list
+            parts = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+            try:
+                numbers = tuple(int(p) for p in parts) if parts is not None and not isinstance(value, bool) else None
+            except (TypeError, ValueError):
+                numbers = None
+            if not numbers or any(isinstance(p, (bool, float)) or int(p) < 1 for p in parts):
+                raise ValueError(f"{what}: kernel sizes must be positive whole numbers such as 3,5,7, got {value!r}")
+            return numbers
+        if isinstance(value, (str, list, tuple)):   # heads: parsed (and checked) by the method
+            return value
+        raise ValueError(f"{what} must be text such as 5:v:2,12:k:0, got {value!r}")
+    return value
+
+
 def build_config(method: str, config_cls: type | None, options: dict, defaults: dict | None = None):
     """``config_cls(**options)``, refusing options it does not have; ``defaults`` (e.g. a model preset's
     tuned values) fill the fields they name that the options leave unset and are ignored otherwise. A
     ``defaults[method]`` section holds values for that method alone, over the shared ones (a preset can
     tune ReAttention's ``cache_budget`` without touching H2O's)."""
-    check_names(method, config_cls, options)
+    options = typed_options(method, config_cls, options)
     if config_cls is None:
         return None
     names = set(option_names(config_cls))
     defaults = defaults or {}
     scoped = {**defaults, **defaults.get(method, {})}
     base = {k: v for k, v in scoped.items() if k in names}
-    return config_cls(**{**base, **given(options)})
+    return config_cls(**{**base, **options})
 
 
 def keep_default(shape: ModelShape) -> int:
@@ -66,7 +138,21 @@ def require_positive(**values: int) -> None:
         raise ValueError(f"{label} must be positive")
 
 
+def min_chunk(shape: ModelShape) -> int:
+    """The smallest chunk worth encoding: every chunk is one pass through the model, so a chunk of a few
+    tokens makes the encode hundreds of times slower (64 tokens, or W/128 for windows under 8k)."""
+    return max(1, min(64, shape.window // 128))
+
+
+def require_chunk_size(chunk_size: int, shape: ModelShape) -> None:
+    if chunk_size < min_chunk(shape):
+        raise ValueError(f"chunk size {chunk_size} is below this model's minimum of {min_chunk(shape)} tokens: "
+                         "every chunk is one pass through the model, so tiny chunks make the encode hundreds "
+                         "of times slower")
+
+
 def require_chunk_fits(cache_budget: int, chunk_size: int, shape: ModelShape) -> None:
+    require_chunk_size(chunk_size, shape)
     if cache_budget + chunk_size > shape.window:
         raise ValueError(f"cache budget ({cache_budget}) + chunk size ({chunk_size}) must fit the model's "
                          f"window ({shape.window})")

@@ -36,7 +36,7 @@ from ..engine.core import ModelShape
 from ..engine.layout import QuestionPart
 from ..engine.rope import Rotary
 from .base import CachedMethod, Context, register
-from .options import pick, require_positive
+from .options import pick, require_chunk_size, require_positive
 
 
 # ------------------------------------------------------------------ selection (§2.1)
@@ -195,6 +195,7 @@ class ReAttentionConfig:
     def check(self, shape: ModelShape) -> None:
         require_positive(chunk_size=self.chunk_size, cache_budget=self.cache_budget, local_size=self.local_size,
                          span_size=self.span_size, top_k=self.top_k)
+        require_chunk_size(self.chunk_size, shape)
         if self.keep_first < 0:
             raise ValueError("the global token count cannot be negative")
         if self.cache_budget > shape.window:

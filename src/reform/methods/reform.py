@@ -25,7 +25,7 @@ from ..engine.core import ModelShape
 from ..engine.extractors import HeadEmbeddings, HeadSpec
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import H2O, forced_mask, top_budget
-from ..heads import resolve_heads
+from ..heads import load_preset, resolve_heads
 from ..stats import Timer
 from .base import Context, Method, register
 from .options import keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
@@ -111,9 +111,11 @@ class Reform(Method):
     def create(cls, shape: ModelShape, model_name: str, defaults: dict | None = None, heads=None,
                **options) -> "Reform":
         """``heads``: None (the model's preset), a preset JSON path, "LAYER:KIND:HEAD,..." or a list.
-        A preset's tuned budgets belong to its heads, so explicit heads drop them."""
-        if heads is not None:
-            defaults = None
+        The model preset's tuned budgets stay whatever heads are given (they fit the model's reading, not
+        the heads); a preset JSON passed as ``heads`` brings its own ``defaults`` where it has them. Only
+        an option given explicitly overrides a tuned value."""
+        if isinstance(heads, str) and heads.endswith(".json"):
+            defaults = load_preset(heads).get("defaults") or defaults
         heads = tuple(resolve_heads(heads, model_name, shape))
         return super().create(shape, model_name, defaults, heads=heads, **options)
 

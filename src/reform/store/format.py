@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 from pathlib import Path
 
 import torch
+
+from ..outputs import OutputError, check_output_file, write_atomic
 
 FORMAT = "reform-context"
 FORMAT_VERSION = 1
@@ -53,33 +54,18 @@ def write_context_file(path: str | os.PathLike, tensors: dict[str, torch.Tensor]
     atomically; returns the file's size in bytes."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    if path.is_dir():
-        raise ContextFileError(f"{path} is a directory; give a file name such as book.reform")
-    if not path.parent.is_dir():
-        raise ContextFileError(f"cannot write {path}: folder {path.parent} does not exist")
+    try:
+        path = check_output_file(path, "context file")
+    except OutputError as e:
+        raise ContextFileError(str(e)) from None
     tensors = {k: _own_storage(v) for k, v in tensors.items()}
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
                 "tensors_sha256": tensors_sha256(tensors)}
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    metadata = {MANIFEST_KEY: json.dumps(manifest, sort_keys=True)}
     try:
-        save_file(tensors, str(tmp), metadata={MANIFEST_KEY: json.dumps(manifest, sort_keys=True)})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        return write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
     except OSError as e:
         raise ContextFileError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    try:   # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-    return path.stat().st_size
 
 
 def _unreadable(path: Path, why: object) -> ContextFileError:
