@@ -173,12 +173,21 @@ def quiet_progress_bars() -> None:
 
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
     from transformers.utils import logging as hf_logging
-    if sys.stderr.isatty() or os.environ.get("REFORM_PROGRESS") == "1":
+    show = sys.stderr.isatty() or os.environ.get("REFORM_PROGRESS") == "1"
+    if show:
         hf_logging.enable_progress_bar()
         enable_progress_bars()
     else:
         hf_logging.disable_progress_bar()
         disable_progress_bars()
+    try:    # the GGUF de-quantisation bar is a plain tqdm that neither switch reaches
+        import functools
+
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+        from tqdm.auto import tqdm
+        gguf_utils.tqdm = tqdm if show else functools.partial(tqdm, disable=True)
+    except ImportError:
+        pass
 
 
 def converted_gguf(path: Path, model: str | None) -> tuple[str, dict]:
