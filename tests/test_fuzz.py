@@ -190,3 +190,56 @@ def test_fuzz_api(api_model, method, data):
         return
     event("answered")
     assert isinstance(answer.text, str) and answer.finish_reason in ("stop", "length")
+
+
+# The HTTP API ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from test_server import LiveServer, make_pipe
+    with LiveServer(make_pipe(), tmp_path_factory.mktemp("store")) as live:
+        yield live
+
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 2 ** 70), st.floats(allow_nan=False), texts)
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                                 st.dictionaries(texts, inner, max_size=3)),
+                           max_leaves=6)
+roles = mostly(st.sampled_from(["system", "user", "assistant", "developer"]), json_values)
+contents = mostly(st.sampled_from([DOC, "What is the magic number?", "Who?"]), json_values)
+chat = st.tuples(st.sampled_from(["system", "user"]), st.sampled_from(["What is the magic number?", "Who?"])).map(
+    lambda rq: [{"role": rq[0], "content": DOC}, {"role": "user", "content": rq[1]}])
+messages = mostly(chat, st.one_of(st.lists(st.fixed_dictionaries({"role": roles, "content": contents}), min_size=1,
+                                           max_size=3), json_values))
+request_fields = {  # field: (well-formed values, anything)
+    "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "seed": st.integers(0, 2 ** 63),
+    "max_tokens": st.integers(1, 3), "stop": st.lists(st.sampled_from(["x", ".", "\n"]), max_size=4),
+    "n": st.just(1), "stream": st.booleans(), "context_id": st.just("0" * 32), "user": texts,
+    "logit_bias": st.just({}), "response_format": st.just({"type": "text"})}
+
+
+@st.composite
+def request_extras(draw):
+    names = draw(st.lists(st.sampled_from(sorted(request_fields)), max_size=3, unique=True))
+    return {name: draw(mostly(request_fields[name], json_values)) for name in names}
+
+
+@FUZZ
+@given(model=mostly(st.just("reform"), json_values), msgs=messages,
+       extra=request_extras())
+def test_fuzz_http_chat(server, model, msgs, extra):
+    """Random chat requests: an answer (200) or an OpenAI-shaped 4xx error with a one-line message; never a
+    500 and never a dropped connection."""
+    import httpx
+    body = {"model": model, "messages": msgs, **extra, "max_tokens": extra.get("max_tokens", 2)}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    event(f"HTTP {r.status_code}" + (f": {r.json()['error']['message'][:40]}" if r.status_code != 200 else ""))
+    assert r.status_code in (200, 400, 404, 413, 422), (body, r.status_code, r.text[:300])
+    if r.status_code == 200:
+        if body.get("stream") is True:
+            assert r.text.rstrip().endswith("data: [DONE]"), (body, r.text[-200:])
+        else:
+            assert isinstance(r.json()["choices"][0]["message"]["content"], str)
+    else:
+        error = r.json()["error"]
+        assert isinstance(error["message"], str) and error["message"].strip() and "\n" not in error["message"], \
+            (body, error)

@@ -285,3 +285,17 @@ def test_api_refuses_before_loading_and_names_wrong_types(no_load):
         ctx.ask("What?", stop=5)
     with pytest.raises(ValueError, match="seed must be"):
         ctx.ask("What?", temperature=1.0, seed=2 ** 70)
+
+
+def test_serve_checks_port_and_store_before_loading(tmp_path, no_load):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run("serve", "--port", port, "--store", tmp_path / "store")
+        assert r.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.output
+    r = run("serve", "--store", unwritable(tmp_path).parent)
+    assert r.exit_code == 2 and "cannot write --store" in r.stderr, r.output
+    r = run("serve", "--timeout", "nan")
+    assert r.exit_code == 2 and "must be positive" in r.stderr, r.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -118,8 +119,10 @@ def hub_arguments(model_id: str) -> dict:
     return {}
 
 
+@functools.lru_cache(maxsize=None)
 def hub_reachable(endpoint: str, timeout: float = 3.0) -> bool:
-    """Can a TCP connection to the hub be opened within ``timeout`` seconds (name lookup included)?"""
+    """Can a TCP connection to the hub be opened within ``timeout`` seconds (name lookup included)? Asked
+    once per process (the check before a load and the load itself share the answer)."""
     import socket
     import threading
     from urllib.parse import urlparse
@@ -181,8 +184,6 @@ def quiet_progress_bars() -> None:
         hf_logging.disable_progress_bar()
         disable_progress_bars()
     try:    # the GGUF de-quantisation bar is a plain tqdm that neither switch reaches
-        import functools
-
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
         from tqdm.auto import tqdm
         gguf_utils.tqdm = tqdm if show else functools.partial(tqdm, disable=True)

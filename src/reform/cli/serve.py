@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .main import (CacheOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt, ModelOpt, OptionOpt,
-                   RecomputeOpt, app, build_pipeline, err, fail, parse_options)
+                   RecomputeOpt, app, build_pipeline, checked_output, err, fail, parse_options)
 
 
 @app.command()
@@ -41,14 +41,14 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
     from ..server import Settings, build_app
     from ..store import ContextFileError
     try:
-        if store_max_gb is not None and store_max_gb <= 0:
+        if store_max_gb is not None and not store_max_gb > 0:      # (NaN too)
             raise CliError("--store-max-gb must be positive")
-        if max_body_mb <= 0 or timeout <= 0:
+        if not (max_body_mb > 0 and timeout > 0):
             raise CliError("--max-body-mb and --timeout must be positive")
-        if store.exists() and not store.is_dir():
-            raise CliError(f"--store {store} is a file, not a folder")
+        store = checked_output(store, "--store", folder=True)
         if api_key is not None and not api_key.strip():
             raise CliError("--api-key is empty")
+        check_port_free(host, port)
         pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
                               True, parse_options(option))
         settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
@@ -64,3 +64,19 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
               + (" · API key required" if api_key else ""), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port that is taken (or an address that is not this machine's) before the model loads."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise CliError(f"--host {host}: {e.strerror or e}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn binds
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
