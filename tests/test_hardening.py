@@ -299,3 +299,15 @@ def test_serve_checks_port_and_store_before_loading(tmp_path, no_load):
     assert r.exit_code == 2 and "cannot write --store" in r.stderr, r.output
     r = run("serve", "--timeout", "nan")
     assert r.exit_code == 2 and "must be positive" in r.stderr, r.output
+
+
+def test_found_by_the_fuzz_suite():
+    """Inputs the fuzz suite found that raised raw errors: a temperature or top_p so small that it rounds
+    to 0 in float32 (NaN probabilities, RuntimeError from multinomial), and heads of the wrong type."""
+    from reform.engine.sampling import Sampling, TokenChooser
+    logits = torch.randn(300)
+    for temperature, top_p in ((2.67e-202, 1.0), (0.7, 5e-298), (5e-324, 1e-300)):
+        assert TokenChooser(Sampling(temperature, top_p, seed=1))(logits) == int(logits.argmax())
+    for heads in (False, 5, [1, 2]):
+        with pytest.raises(ValueError, match="option heads of reform must be text"):
+            Pipeline(tiny(), CharTokenizer(), heads=heads)

@@ -74,6 +74,7 @@ class TokenChooser:
             sorted_p, order = probs.sort(descending=True)
             # drop tokens once the mass before them already reaches top_p (the top token always stays)
             drop = sorted_p.cumsum(-1) - sorted_p >= s.top_p
+            drop[0] = False          # even where a tiny top_p rounds to 0 in float32
             sorted_p[drop] = 0.0
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
         return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -101,8 +101,9 @@ def _typed(method: str, name: str, hint, value):
             if not numbers or any(isinstance(p, (bool, float)) or int(p) < 1 for p in parts):
                 raise ValueError(f"{what}: kernel sizes must be positive whole numbers such as 3,5,7, got {value!r}")
             return numbers
-        if isinstance(value, (str, list, tuple)):   # heads: parsed (and checked) by the method
-            return value
+        if isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(v, (str, item))
+                                                                            for v in value):
+            return value                            # heads: parsed (and checked) by the method
         raise ValueError(f"{what} must be text such as 5:v:2,12:k:0, got {value!r}")
     return value
 

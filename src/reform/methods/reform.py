@@ -114,6 +114,7 @@ class Reform(Method):
         The model preset's tuned budgets stay whatever heads are given (they fit the model's reading, not
         the heads); a preset JSON passed as ``heads`` brings its own ``defaults`` where it has them. Only
         an option given explicitly overrides a tuned value."""
+        cls.check_options({"heads": heads, **options})      # types first: heads are read right here
         if isinstance(heads, str) and heads.endswith(".json"):
             defaults = load_preset(heads).get("defaults") or defaults
         heads = tuple(resolve_heads(heads, model_name, shape))
