@@ -23,7 +23,7 @@ from reform.store import ContextFileError, read_manifest
 from conftest import real_tokenizer, tiny
 
 EXAMPLES = int(os.environ.get("REFORM_FUZZ_EXAMPLES", "0")) or None
-FUZZ = settings(max_examples=EXAMPLES or 40, deadline=None, derandomize=EXAMPLES is None, database=None,
+FUZZ = settings(max_examples=EXAMPLES or 150, deadline=None, derandomize=EXAMPLES is None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 runner = CliRunner()
 
