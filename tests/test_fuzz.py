@@ -200,7 +200,8 @@ def server(tmp_path_factory):
         yield live
 
 
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 2 ** 70), st.floats(allow_nan=False), texts)
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 2 ** 70),
+                         st.floats(allow_nan=False, allow_infinity=False), texts)    # what JSON can carry
 json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                                  st.dictionaries(texts, inner, max_size=3)),
                            max_leaves=6)

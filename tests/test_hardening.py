@@ -311,3 +311,13 @@ def test_found_by_the_fuzz_suite():
     for heads in (False, 5, [1, 2]):
         with pytest.raises(ValueError, match="option heads of reform must be text"):
             Pipeline(tiny(), CharTokenizer(), heads=heads)
+
+
+@pytest.mark.parametrize("option", ["=\x1e", "[/bold]=1", "a\nb=1"])
+def test_error_lines_quote_user_input_verbatim_on_one_line(option, doc, no_load):
+    """Also found by the fuzz suite: a control character in quoted input broke the line, and rich markup
+    in it (``[/bold]``) was interpreted instead of printed."""
+    r = run("ask", doc, "-q", "What?", "--option", option)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: ") and (option.split("=")[0].replace("\n", "\\n").replace("\x1e", "\\x1e")
+                                               in r.stderr), r.stderr

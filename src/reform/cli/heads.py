@@ -17,7 +17,8 @@ console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def _fail(msg: str):
-    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    from .main import say
+    say("[bold red]error:[/]", msg)
     raise typer.Exit(2)
 
 
@@ -33,12 +34,12 @@ def _load(model, device, dtype):
 
 def _writable(path: Path | None, flag: str, folder: bool = False) -> Path | None:
     """Refuse an output path that cannot be written before any work (minutes of it) starts."""
-    from ..outputs import OutputError, check_output_dir, check_output_file
+    from .main import CliError, checked_output
     if path is None:
         return None
     try:
-        return check_output_dir(path, flag) if folder else check_output_file(path, flag)
-    except OutputError as e:
+        return checked_output(path, flag, folder)
+    except CliError as e:
         _fail(str(e))
 
 

@@ -21,6 +21,19 @@ out = Console(highlight=False, soft_wrap=True, emoji=False)
 _interrupt_note = ["nothing was written"]
 
 
+def plain_line(text) -> str:
+    """``text`` as one printable line: control characters (newlines, tabs, U+001E ...) shown escaped,
+    so a message that quotes user input cannot break the one-line promise or fake a second line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def say(label: str, message) -> None:
+    """One line on stderr: a styled ``label`` then ``message`` as plain text (any rich markup in it, e.g.
+    quoted user input, is printed as written)."""
+    from rich.markup import escape
+    err.print(f"{label} {escape(plain_line(message))}", highlight=False)
+
+
 def on_interrupt(note: str) -> None:
     """What the Ctrl-C line tells the user about the work done so far (e.g. how to resume)."""
     _interrupt_note[0] = note
@@ -46,10 +59,10 @@ class ReformGroup(typer.core.TyperGroup):
             else:
                 ctx = getattr(e, "ctx", None)
                 hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-                err.print(f"[bold red]error:[/] {e.format_message()}{hint}", highlight=False)
+                say("[bold red]error:[/]", f"{e.format_message()}{hint}")
             sys.exit(e.exit_code)
         if code == 130:                      # typer turns KeyboardInterrupt into exit status 130
-            err.print(f"[bold red]interrupted[/] (Ctrl-C): {_interrupt_note[0]}", highlight=False)
+            say("[bold red]interrupted[/] (Ctrl-C):", _interrupt_note[0])
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -176,7 +189,7 @@ def notes_as_lines():
         finally:
             for note in notes:
                 if "/reform/" in note.filename.replace("\\", "/"):
-                    err.print(f"[yellow]note:[/] {note.message}", highlight=False)
+                    say("[yellow]note:[/]", note.message)
 
 
 def encode_text(pipe, text: str, quiet: bool):
@@ -237,7 +250,7 @@ def checked_output(path: Path, flag: str, folder: bool) -> Path:
 
 
 def fail(e: CliError):
-    err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+    say("[bold red]error:[/]", e)
     raise typer.Exit(2)
 
 
