@@ -39,8 +39,9 @@ texts = st.one_of(st.sampled_from(TRICKY_TEXT), st.text(max_size=30))
 
 
 def mostly(valid, invalid):
-    """``valid`` three times in four, else ``invalid``: most examples get as far as running the model."""
-    return st.integers(0, 3).flatmap(lambda i: valid if i else invalid)
+    """``valid`` seven times in eight, else ``invalid``: an example draws several values, and enough of
+    them must all be well-formed to get as far as running the model."""
+    return st.integers(0, 7).flatmap(lambda i: invalid if i == 7 else valid)   # 0, the simplest draw: valid
 
 
 @st.composite
@@ -120,8 +121,8 @@ def test_fuzz_cli_ask(tiny_model_dir, tmp_path_factory, kind, text, question, ex
 
 @FUZZ
 @given(kind=KINDS, text=texts, extra=flags(),
-       out=st.sampled_from(["ok.reform", "new/dir/ok.reform", "BLOCKER/x.reform", "BLOCKER", ".", "EXISTING",
-                            "", "/proc/x/y.reform"]))
+       out=st.one_of(st.sampled_from(["ok.reform", "new/dir/ok.reform"]),
+                     st.sampled_from(["BLOCKER/x.reform", "BLOCKER", ".", "EXISTING", "", "/proc/x/y.reform"])))
 def test_fuzz_cli_encode(tiny_model_dir, tmp_path_factory, kind, text, extra, out):
     tmp_path = tmp_path_factory.mktemp("encode")
     file, stdin = input_file(tmp_path, kind, text)

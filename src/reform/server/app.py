@@ -137,7 +137,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
         if isinstance(e, ContextFileError):
             return ApiError(500, f"stored context is unreadable: {e}; upload the text again", type="server_error",
                             code="context_unreadable")
-        if isinstance(e, ValueError):
+        if isinstance(e, (ValueError, TypeError)):     # our one-line refusals of bad input
             return ApiError(400, str(e).splitlines()[0] if str(e) else "bad request")
         return ApiError(500, f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                         type="server_error")
