@@ -162,14 +162,13 @@ def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_bud
     method refuses options it does not take (before the model is loaded). ``extra``: further options
     (fields of the method's config) from ``--option``."""
     from ..model import ModelLoadError
-    from ..pipeline import Pipeline, check_method_options
+    from ..pipeline import Pipeline
     from ..engine.core import UnsupportedModelError
     from ..methods.options import OptionError
     options = {"heads": heads, "chunk_size": chunk_size, "cache_budget": cache_budget,
                "recompute_budget": recompute_budget, **(extra or {})}
     try:
-        check_method_options(method, **options)
-        with notes_as_lines():
+        with notes_as_lines():      # Pipeline.load refuses bad options, device, dtype or path before loading
             return Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
                                  **options)
     except OptionError as e:

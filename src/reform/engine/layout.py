@@ -12,6 +12,7 @@ its own. Only the template's own parts carry special tokens.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,7 @@ class Templater:
             return self.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
+    @functools.cached_property
     def special_strings(self) -> list[str]:
         """The tokenizer's special-token strings (``<|endoftext|>``, ``<|im_start|>`` ...)."""
         specials = set(getattr(self.tok, "all_special_tokens", None) or ())
@@ -77,7 +79,7 @@ class Templater:
 
     def question(self, question: str, answer_prefix: str = "") -> QuestionPart:
         words = question
-        for special in self.special_strings():
+        for special in self.special_strings:
             words = words.replace(special, "")
         if not words.strip():
             raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
