@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from reform.eval.runner import option_value, parse_lengths
+from reform.eval.specs import option_value, parse_lengths
 from reform.eval.tasks import niah
 from reform.methods.reattention import ReAttentionPolicy
 from reform.pipeline import Pipeline

@@ -53,7 +53,7 @@ def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
     from types import SimpleNamespace
 
     from reform.bench.runner import run_bench
-    from reform.eval.runner import method_specs
+    from reform.eval.specs import method_specs
 
     loaded = SimpleNamespace(model=tiny("llama"), tokenizer=tokenizer, name="tiny-llama")
     specs = method_specs([{"name": "reform", "heads": "1:v:0,2:q:3", "chunk_size": 64, "cache_budget": 96,

@@ -10,8 +10,10 @@ from reform.cli.main import app
 from reform.eval import runner as runner_mod
 from reform.eval.jsonl import RowFileError, read_rows, split_question
 from reform.eval.rows import Row, write_rows
-from reform.eval.runner import (MethodSpec, aggregate, current_records, method_specs, parse_length, parse_lengths,
-                                read_predictions, run_eval, write_report)
+from reform.eval.records import current_records, read_predictions
+from reform.eval.report import aggregate, write_report
+from reform.eval.runner import run_eval
+from reform.eval.specs import MethodSpec, method_specs, parse_length, parse_lengths
 from reform.methods.base import Context
 from reform.model import LoadedModel
 from reform.pipeline import Pipeline

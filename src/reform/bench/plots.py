@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..eval.plots import _pyplot, _save
-from ..eval.runner import format_length
+from ..eval.specs import format_length
 
 
 def _by_method(summary: list[dict]) -> dict[str, list[dict]]:

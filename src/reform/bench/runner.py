@@ -27,7 +27,7 @@ import torch
 
 from ..data.haystack import haystack, insert_needle, magic_number_needle
 from ..eval.plots import slug
-from ..eval.runner import MethodSpec, format_length
+from ..eval.specs import MethodSpec, format_length
 from ..methods import Context
 from ..pipeline import Pipeline
 from ..model import release_freed_memory

@@ -13,7 +13,7 @@ from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, app, checked_output, 
 
 def scaling_lengths(text: str) -> list[int]:
     """``"8k..1M"``: every power-of-two multiple of the first length up to the last."""
-    from ..eval.runner import parse_length
+    from ..eval.specs import parse_length
     lo, sep, hi = text.partition("..")
     if not sep:
         raise ValueError(f"bad --scaling '{text}': use FROM..TO, e.g. 8k..1M")
@@ -28,7 +28,7 @@ def scaling_lengths(text: str) -> list[int]:
 
 def table(result: dict) -> str:
     """Markdown table of the summary (medians)."""
-    from ..eval.runner import format_length
+    from ..eval.specs import format_length
     head = ("| method | length | tokens | correct | wall s | encode s | recompute s | TTFT s | TPOT s | tok/s "
             "| 2nd question s | RSS at start MB | peak RSS MB | FLOP eff. (encode) | bytes/token kept |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -59,7 +59,7 @@ def bench(methods: str = MethodsOpt,
     """Time every method on the same NIAH-style input at each length: stages, TTFT/TPOT, tokens/s, peak
     memory, FLOP efficiency against this machine's measured matmul throughput, and a second question on
     the encoded context. Writes bench.json, bench.md and PNGs to --out."""
-    from ..eval.runner import parse_lengths
+    from ..eval.specs import parse_lengths
     from ..outputs import write_atomic
     try:
         if (lengths is None) == (scaling is None):

@@ -76,7 +76,7 @@ def check_tasks(suite: str, text: str | None) -> list[str] | None:
 
 
 def check_methods(text: str) -> list:
-    from ..eval.runner import method_specs
+    from ..eval.specs import method_specs
     from ..methods.options import OptionError
     try:
         return method_specs(_split(text))
@@ -87,7 +87,7 @@ def check_methods(text: str) -> list:
 
 
 def check_out(path: Path):
-    from ..eval.runner import prepare_out_dir
+    from ..eval.records import prepare_out_dir
     with refused():
         return prepare_out_dir(path)
 
@@ -111,7 +111,8 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
     """Check the methods and the output folder, load the model, build the rows (``rows_for(tokenizer)``),
     run them, then print the results table and where everything was written."""
     from ..engine.core import UnsupportedModelError
-    from ..eval.runner import RESULTS, run_eval
+    from ..eval.records import RESULTS
+    from ..eval.runner import run_eval
     specs = check_methods(methods)
     check_load(model, device, dtype)
     out_dir = check_out(out_dir)
@@ -148,7 +149,7 @@ def suite_command(suite: str):
                 out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
                 force: bool = ForceOpt, fresh: bool = FreshOpt,
                 model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
-        from ..eval.runner import parse_lengths
+        from ..eval.specs import parse_lengths
         try:
             with refused():
                 length_list = parse_lengths(lengths)
@@ -205,7 +206,8 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
 def report(run_dir: Path = typer.Argument(..., help="an evaluation's output folder"),
            plots: bool = typer.Option(True, "--plots/--no-plots")):
     """Rewrite metrics.json, results.md and the plots of RUN_DIR from its predictions.jsonl."""
-    from ..eval.runner import RESULTS, write_report
+    from ..eval.records import RESULTS
+    from ..eval.report import write_report
     try:
         if not run_dir.is_dir():
             raise CliError(f"folder not found: {run_dir}")

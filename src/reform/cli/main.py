@@ -146,7 +146,7 @@ def option_error(e) -> CliError:
 
 def parse_options(items: list[str] | None) -> dict:
     """``--option KEY=VALUE`` (repeatable): any field of the method's config, e.g. ``dca=true``."""
-    from ..eval.runner import option_value
+    from ..eval.specs import option_value
     options = {}
     for item in items or ():
         key, eq, value = item.partition("=")

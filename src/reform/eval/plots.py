@@ -28,7 +28,7 @@ def _save(fig, path: Path) -> Path:
 def depth_heat_maps(metrics: dict, out_dir: str | Path) -> list[Path]:
     """One PNG per task that has depths: a panel per method, x = context length, y = needle depth,
     colour and number = score (%), grey = not run."""
-    from .runner import format_length
+    from .specs import format_length
     plt = _pyplot()
     out_dir = Path(out_dir)
     paths = []
@@ -63,7 +63,7 @@ def depth_heat_maps(metrics: dict, out_dir: str | Path) -> list[Path]:
 
 def accuracy_vs_length(metrics: dict, out_dir: str | Path) -> Path | None:
     """One panel per task (plus their mean when there are several): score vs length, a line per method."""
-    from .runner import format_length
+    from .specs import format_length
     plt = _pyplot()
     panels = {t: {(c["method"], c["length"]): c["score"] for c in metrics["by_task"] if c["task"] == t}
               for t in metrics["tasks"]}
