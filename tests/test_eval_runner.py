@@ -104,7 +104,7 @@ def test_predictions_schema_outputs_and_encode_once_per_context(tmp_path, counts
     assert {(c["length"], c["depth"], c["score"]) for c in metrics["by_depth"]} == \
         {(400, 0.0, 1.0), (400, 0.5, 0.0), (800, 0.0, 1.0), (800, 0.5, 0.0)}
     table = (tmp_path / "results.md").read_text()
-    assert "| task | length | reform(" in table and "| niah | 400 | 50.0 | 50.0 |" in table
+    assert "| task | length | n | reform(" in table and "| niah | 400 | 2 | 50.0 [9–91] | 50.0 [9–91] |" in table
     assert "| method | depth | 400 | 800 |" in table and "| truncate(recompute_budget=200) | 50% | 0.0 | 0.0 |" in table
     for png in ("heatmap_niah.png", "accuracy_vs_length.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -167,9 +167,10 @@ def test_full_past_the_window_is_skipped_unless_forced(tmp_path, counts):
     assert by_id[long.id]["score"] is None and by_id[short.id]["status"] == "ok"
     assert counts.ask == 1
     cell = {c["length"]: c for c in metrics["by_task"]}
-    assert cell[600] == {"task": "niah", "length": 600, "method": "full", "score": None, "n": 0, "skipped": 1,
-                         "errors": 0}
-    assert "| niah | 600 | skipped |" in (tmp_path / "results.md").read_text()
+    assert cell[600] == {"task": "niah", "length": 600, "method": "full", "score": None, "n": 0, "ci": None,
+                         "recall": None, "recall_n": 0, "recall_ci": None, "reading_misses": 0,
+                         "retrieval_misses": 0, "skipped": 1, "errors": 0}
+    assert "| niah | 600 | — | skipped |" in (tmp_path / "results.md").read_text()
 
     counts.ask = 0
     evaluate([long, short], tmp_path, counts, methods=["full"])        # resumed: the skip is final
@@ -221,9 +222,11 @@ def test_metrics_table_and_plots_from_handmade_predictions(tmp_path):
     reform = m["by_method"][0]
     assert reform["n"] == 5 and reform["seconds_per_row"] == 3.0 and reform["peak_memory_mb"] == pytest.approx(116.384)
     table = (tmp_path / "results.md").read_text()
-    assert "| task | length | reform | h2o |" in table
-    assert "| ruler/a | 8k | 75.0 | 25.0 |" in table and "| ruler/b | 8k | 0.0 | skipped |" in table
-    assert "| ruler/a | 16k | 100.0 | — |" in table and "| **mean over tasks** | 8k | 37.5 | 25.0 |" in table
+    assert "| task | length | n | reform | h2o |" in table
+    assert "| ruler/a | 8k | 2/1 | 75.0 [50–100] | 25.0 [1–88] |" in table
+    assert "| ruler/b | 8k | 1 | 0.0 [0–79] | skipped |" in table
+    assert "| ruler/a | 16k | 1 | 100.0 [21–100] | — |" in table
+    assert "| **mean over tasks** | 8k | 3/1 | 37.5 [25–50] | 25.0 [1–88] |" in table
     assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 1000
     assert not list(tmp_path.glob("heatmap_*.png"))                 # no depths, no heat map
 
@@ -379,7 +382,7 @@ def test_cli_jsonl_runs_and_report_regenerates(tmp_path, monkeypatch):
     assert len(read_predictions(out / "predictions.jsonl")) == 3
     r = cli.invoke(app, args)                                       # resumed: only the fourth row runs
     assert r.exit_code == 0, r.output
-    assert "| niah | 400 | 50.0 |" in r.output
+    assert "| niah | 400 | 2 | 50.0 [9–91] |" in r.output
     assert len(read_predictions(out / "predictions.jsonl")) == 4
     metrics = json.loads((out / "metrics.json").read_text())
     for name in ("metrics.json", "results.md", "heatmap_niah.png", "accuracy_vs_length.png"):

@@ -1,5 +1,5 @@
-"""Pictures of an evaluation's metrics: NIAH-style depth x length heat maps (REFORM Figure 3) and
-accuracy-vs-length lines per method."""
+"""Pictures of an evaluation's metrics: NIAH-style depth x length heat maps (REFORM Figure 3), and score
+and gold recall vs length per method with 95 % intervals."""
 
 from __future__ import annotations
 
@@ -61,14 +61,17 @@ def depth_heat_maps(metrics: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def accuracy_vs_length(metrics: dict, out_dir: str | Path) -> Path | None:
-    """One panel per task (plus their mean when there are several): score vs length, a line per method."""
+def versus_length(metrics: dict, out_dir: str | Path, key: str = "score") -> Path | None:
+    """One panel per task (plus their mean when there are several): ``key`` (score or recall) vs length, a
+    line per method with its 95 % interval as error bars."""
     from .specs import format_length
     plt = _pyplot()
-    panels = {t: {(c["method"], c["length"]): c["score"] for c in metrics["by_task"] if c["task"] == t}
+    interval = "ci" if key == "score" else f"{key}_ci"
+    panels = {t: {(c["method"], c["length"]): c for c in metrics["by_task"] if c["task"] == t and c[key] is not None}
               for t in metrics["tasks"]}
     if len(panels) > 1:
-        panels["mean over tasks"] = {(c["method"], c["length"]): c["score"] for c in metrics["by_length"]}
+        panels["mean over tasks"] = {(c["method"], c["length"]): c for c in metrics["by_length"] if c[key] is not None}
+    panels = {title: cells for title, cells in panels.items() if cells}
     if not panels:
         return None
     cols = min(4, len(panels))
@@ -77,11 +80,15 @@ def accuracy_vs_length(metrics: dict, out_dir: str | Path) -> Path | None:
     colours = {m: f"C{i}" for i, m in enumerate(metrics["methods"])}
     lengths = metrics["lengths"]
     for ax, (title, cells) in zip(axes.flat, panels.items()):
-        for method in metrics["methods"]:
-            points = [(n, cells[(method, n)]) for n in lengths if cells.get((method, n)) is not None]
-            if points:
-                ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", color=colours[method],
-                        label=method)
+        for i, method in enumerate(metrics["methods"]):
+            points = [cells[(method, n)] for n in lengths if (method, n) in cells]
+            if not points:
+                continue
+            x = [c["length"] * 1.03 ** (i - len(colours) / 2) for c in points]    # side by side, not on top
+            y = [100 * c[key] for c in points]
+            bounds = [c.get(interval) or [c[key], c[key]] for c in points]
+            err = [[v - 100 * b[0] for v, b in zip(y, bounds)], [100 * b[1] - v for v, b in zip(y, bounds)]]
+            ax.errorbar(x, y, yerr=err, marker="o", color=colours[method], label=method, capsize=2)
         ax.set_title(title, fontsize=10)
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [format_length(n) for n in lengths])
@@ -91,19 +98,22 @@ def accuracy_vs_length(metrics: dict, out_dir: str | Path) -> Path | None:
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     for ax in axes[:, 0]:
-        ax.set_ylabel("score (%)")
+        ax.set_ylabel(f"{'gold recall' if key == 'recall' else key} (%)")
     legend = {}
     for ax in axes.flat:
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))   # label -> handle, every method once
     fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(6, max(1, len(legend))),
                bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle(f"score vs context length{' — ' + metrics['model'] if metrics.get('model') else ''}")
+    what = "gold recall of the recomputed tokens" if key == "recall" else "score"
+    fig.suptitle(f"{what} vs context length, 95 % intervals{' — ' + metrics['model'] if metrics.get('model') else ''}")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    return _save(fig, Path(out_dir) / "accuracy_vs_length.png")
+    name = "accuracy_vs_length.png" if key == "score" else f"{key}_vs_length.png"
+    return _save(fig, Path(out_dir) / name)
 
 
 def draw_all(metrics: dict, out_dir: str | Path) -> list[Path]:
     paths = depth_heat_maps(metrics, out_dir)
-    if (lines := accuracy_vs_length(metrics, out_dir)) is not None:
-        paths.append(lines)
+    for key in ("score", "recall"):
+        if (lines := versus_length(metrics, out_dir, key)) is not None:
+            paths.append(lines)
     return paths

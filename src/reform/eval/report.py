@@ -1,15 +1,17 @@
-"""The report of an evaluation, derived from its ``predictions.jsonl`` alone: ``metrics.json`` (scores per
-task x length x method, per depth, per method), ``results.md`` and the plots; ``reform eval report DIR``
-regenerates them."""
+"""The report of an evaluation, derived from its ``predictions.jsonl`` alone: ``metrics.json`` (score and
+gold recall with n and 95 % intervals per task x length x method, per depth, per method), ``results.md``
+and the plots; ``reform eval report DIR`` regenerates them."""
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
 
 from ..outputs import write_atomic
+from .intervals import interval
+from .recall import miss_kind
 from .records import CONFIG, METRICS, PREDICTIONS, RESULTS, STAGES, current_records, read_predictions
 from .specs import format_length
 
@@ -29,9 +31,33 @@ def row_seconds(record: dict) -> float:
     return s.get("encode", 0.0) / s.get("encode_shared_by", 1) + sum(s.get(k, 0.0) for k in STAGES[1:])
 
 
+def _ok(group: list[dict]) -> list[dict]:
+    return [r for r in group if r["status"] == "ok"]
+
+
+def _interval(groups: list[list[float]]) -> list[float] | None:
+    ci = interval(groups)
+    return None if ci is None else [round(ci[0], 4), round(ci[1], 4)]
+
+
+def summary(cells: list[list[dict]]) -> dict:
+    """Score and gold recall of one or more cells' rows (several: a mean over tasks, each task weighing the
+    same), each with its row count and 95 % interval, and how many misses were reading / retrieval misses."""
+    oks = [_ok(c) for c in cells]
+    scores = [[r["score"] for r in ok] for ok in oks if ok]
+    recalls = [g for g in ([r["recall"] for r in ok if r.get("recall") is not None] for ok in oks) if g]
+    misses = Counter(miss_kind(r["score"], r.get("recall")) for ok in oks for r in ok)
+    mean = lambda groups: _mean([sum(g) / len(g) for g in groups]) if groups else None
+    return {"score": mean(scores), "n": sum(map(len, scores)), "ci": _interval(scores),
+            "recall": mean(recalls), "recall_n": sum(map(len, recalls)), "recall_ci": _interval(recalls),
+            "reading_misses": misses["reading"], "retrieval_misses": misses["retrieval"],
+            "skipped": sum(r["status"] == "skipped" for c in cells for r in c),
+            "errors": sum(r["status"] == "error" for c in cells for r in c)}
+
+
 def aggregate(records: list[dict], method_order: Iterable[str] = ()) -> dict:
-    """Mean score and counts per task x length x method, per depth where rows have one, per length
-    averaged over tasks, and per method (with seconds per row and peak memory)."""
+    """Score and recall (with n and 95 % intervals) per task x length x method, per depth where rows have
+    one, per length averaged over tasks, and per method (with seconds per row and peak memory)."""
     methods = _ordered((r["method"] for r in records), method_order)
     tasks = _ordered(sorted(r["task"] for r in records))
     lengths = sorted({r["length"] for r in records})
@@ -42,40 +68,38 @@ def aggregate(records: list[dict], method_order: Iterable[str] = ()) -> dict:
             cells[(r["task"], r["length"], r["method"], r["depth"])].append(r)
         cells[(r["method"],)].append(r)
 
-    def summary(group: list[dict]) -> dict:
-        scores = [r["score"] for r in group if r["status"] == "ok"]
-        return {"score": _mean(scores), "n": len(scores),
-                "skipped": sum(r["status"] == "skipped" for r in group),
-                "errors": sum(r["status"] == "error" for r in group)}
-
-    by_task = [{"task": k[0], "length": k[1], "method": k[2], **summary(v)} for k, v in cells.items() if len(k) == 3]
-    by_depth = [{"task": k[0], "length": k[1], "method": k[2], "depth": k[3], **summary(v)}
+    by_task = [{"task": k[0], "length": k[1], "method": k[2], **summary([v])} for k, v in cells.items() if len(k) == 3]
+    by_depth = [{"task": k[0], "length": k[1], "method": k[2], "depth": k[3], **summary([v])}
                 for k, v in cells.items() if len(k) == 4]
     by_length = []
     for length in lengths:
         for method in methods:
-            means = [c["score"] for c in by_task if c["length"] == length and c["method"] == method
-                     and c["score"] is not None]
-            if means:
-                by_length.append({"length": length, "method": method, "score": _mean(means), "tasks": len(means)})
+            group = [cells[(t, length, method)] for t in tasks if _ok(cells.get((t, length, method), []))]
+            if group:
+                by_length.append({"length": length, "method": method, **summary(group), "tasks": len(group)})
     by_method = []
     for method in methods:
         group = cells[(method,)]
-        ok = [r for r in group if r["status"] == "ok"]
-        by_method.append({"method": method, **summary(group),
-                          "seconds_per_row": _mean([row_seconds(r) for r in ok]),
-                          "peak_memory_mb": max((r["stats"].get("peak_memory_mb", 0) for r in ok), default=None)})
+        by_method.append({"method": method, **summary([group]),
+                          "seconds_per_row": _mean([row_seconds(r) for r in _ok(group)]),
+                          "peak_memory_mb": max((r["stats"].get("peak_memory_mb", 0) for r in _ok(group)),
+                                                default=None)})
     key = lambda c: (tasks.index(c["task"]), c["length"], methods.index(c["method"]), c.get("depth") or 0)
     return {"methods": methods, "tasks": tasks, "lengths": lengths, "by_task": sorted(by_task, key=key),
             "by_depth": sorted(by_depth, key=key), "by_length": by_length, "by_method": by_method}
 
 
-def _percent(cell: dict | None) -> str:
+def _percent(cell: dict | None, key: str = "score", ci: bool = True) -> str:
+    """A cell as ``score [low–high]`` in %, or why it has no score."""
     if cell is None:
         return "—"
-    if cell["score"] is None:
+    if cell[key] is None:
+        if key != "score":
+            return "n/a" if cell["n"] else "—"
         return "skipped" if cell["skipped"] else "error"
-    return f"{100 * cell['score']:.1f}"
+    text = f"{100 * cell[key]:.1f}"
+    bounds = cell.get("ci" if key == "score" else f"{key}_ci")
+    return f"{text} [{100 * bounds[0]:.0f}–{100 * bounds[1]:.0f}]" if ci and bounds else text
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -83,32 +107,65 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def markdown(metrics: dict, model: str = "") -> str:
-    """``results.md``: score (%) per task x length (rows) and method (columns), per-depth tables for the
-    tasks that have depths, and time and memory per method."""
-    methods, by_task = metrics["methods"], metrics["by_task"]
-    cell = {(c["task"], c["length"], c["method"]): c for c in by_task}
-    counts = {c["n"] for c in by_task if c["n"]}
-    lines = [f"# Evaluation results{f': {model}' if model else ''}", "",
-             "Scores are the mean per-row score in % (NIAH/BABILong: answer contains the gold string; "
-             "RULER-style: fraction of gold strings present)."
-             + (f" Rows per cell: {counts.pop()}." if len(counts) == 1 else " Rows per cell are in metrics.json."), ""]
-    body = [[task, format_length(length), *(_percent(cell.get((task, length, m))) for m in methods)]
-            for task in metrics["tasks"] for length in metrics["lengths"]
-            if any((task, length, m) in cell for m in methods)]
+def _count(cells: list[dict | None]) -> str:
+    """The rows behind a table line: one number when every method has the same count."""
+    counts = list(dict.fromkeys(c["n"] for c in cells if c is not None and c["n"]))
+    return "—" if not counts else str(counts[0]) if len(counts) == 1 else "/".join(map(str, counts))
+
+
+def _grid(metrics: dict, show) -> list[str]:
+    """A task x length (rows) by method (columns) table of ``show(cell)``, with the mean over tasks."""
+    methods = metrics["methods"]
+    cell = {(c["task"], c["length"], c["method"]): c for c in metrics["by_task"]}
+    body = []
+    for task in metrics["tasks"]:
+        for length in metrics["lengths"]:
+            line = [cell.get((task, length, m)) for m in methods]
+            if any(c is not None for c in line):
+                body.append([task, format_length(length), _count(line), *map(show, line)])
     if len(metrics["tasks"]) > 1:
         avg = {(c["length"], c["method"]): c for c in metrics["by_length"]}
-        body += [["**mean over tasks**", format_length(length),
-                  *(f"{100 * avg[(length, m)]['score']:.1f}" if (length, m) in avg else "—" for m in methods)]
-                 for length in metrics["lengths"]]
-    lines += _table(["task", "length", *methods], body)
+        for length in metrics["lengths"]:
+            line = [avg.get((length, m)) for m in methods]
+            body.append(["**mean over tasks**", format_length(length), _count(line), *map(show, line)])
+    return _table(["task", "length", "n", *methods], body)
+
+
+def _misses(cell: dict | None) -> str:
+    if cell is None or cell["recall"] is None:
+        return "—" if cell is None or not cell["n"] else "n/a"
+    return f"{cell['reading_misses']} / {cell['retrieval_misses']}"
+
+
+def markdown(metrics: dict, model: str = "") -> str:
+    """``results.md``: score and gold recall (%) with 95 % intervals per task x length (rows) and method
+    (columns), reading / retrieval miss counts, per-depth tables for the tasks that have depths, and time
+    and memory per method."""
+    methods = metrics["methods"]
+    lines = [f"# Evaluation results{f': {model}' if model else ''}", "",
+             "Scores are the mean per-row score in % (NIAH/BABILong: answer contains the gold string; "
+             "RULER-style: fraction of gold strings present), with a 95 % interval in brackets (Wilson for "
+             "0/1 scores, bootstrap for partial credit; the mean over tasks weighs each task the same). "
+             "`n`: rows per cell.", ""]
+    lines += _grid(metrics, _percent)
+    if any(c["recall"] is not None for c in metrics["by_task"]):
+        lines += ["", "## Gold recall (%)", "",
+                  "Share of the gold strings (a task's evidence, else its answers) that lie inside the context "
+                  "tokens the method recomputed, with a 95 % interval. n/a: the method answers from a "
+                  "compressed cache, or the gold strings are not each exactly once in the context.", ""]
+        lines += _grid(metrics, lambda c: _percent(c, "recall"))
+        lines += ["", "## Misses: reading / retrieval", "",
+                  "Rows scored below 100 % with every gold string recomputed (reading misses: the model had the "
+                  "facts) / with some gold string left out (retrieval misses).", ""]
+        lines += _grid(metrics, _misses)
     for task in _ordered(c["task"] for c in metrics["by_depth"]):
         depth = {(c["method"], c["depth"], c["length"]): c for c in metrics["by_depth"] if c["task"] == task}
         lengths = sorted({k[2] for k in depth})
         pairs = sorted({k[:2] for k in depth}, key=lambda k: (methods.index(k[0]), k[1]))
         lines += ["", f"## {task}: score (%) by depth", ""]
         lines += _table(["method", "depth", *map(format_length, lengths)],
-                        [[m, f"{d:.0%}", *(_percent(depth.get((m, d, n))) for n in lengths)] for m, d in pairs])
+                        [[m, f"{d:.0%}", *(_percent(depth.get((m, d, n)), ci=False) for n in lengths)]
+                         for m, d in pairs])
     lines += ["", "## Time and memory per method", ""]
     lines += _table(["method", "rows answered", "skipped", "errors", "seconds per row", "peak memory (MB)"],
                     [[m["method"], str(m["n"]), str(m["skipped"]), str(m["errors"]),

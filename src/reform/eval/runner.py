@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..outputs import write_atomic
+from .recall import evidence, gold_kept, recall
 from .records import (CONFIG, PREDICTIONS, drop_torn_tail, finished, merged_config, prepare_out_dir,
                       read_predictions, record_for, run_entry)
 from .report import write_report
@@ -63,15 +64,20 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool,
     except ValueError as e:
         yield from ((row, "error", {"reason": str(e)}) for row in rows)
         return
+    context_text = None        # decoded once per context, for the gold recall of all its questions
     for row in rows:
         try:
             ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens)
         except ValueError as e:
             yield row, "error", {"reason": str(e)}
             continue
+        if ans.kept is not None and context_text is None:
+            context_text = pipe.tokenizer.decode(ctx.ids.tolist())
+        flags = gold_kept(pipe.tokenizer, ctx.ids, ans.kept, evidence(row), context_text)
         stats = {**ans.stats, "encode_shared_by": len(rows)}
         yield row, "ok", {"prediction": ans.text, "context_tokens": int(ctx.ids.shape[0]),
-                          "input_tokens": ans.input_tokens, "stats": stats}
+                          "input_tokens": ans.input_tokens, "stats": stats, "recall": recall(flags),
+                          "gold_kept": flags, "kept_tokens": None if ans.kept is None else int(ans.kept.numel())}
 
 
 def resolved_options(method) -> dict | None:

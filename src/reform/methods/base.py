@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, NamedTuple
 
 import torch
 
@@ -34,6 +34,9 @@ class Answer:
     input_tokens: int
     stats: dict
     finish_reason: str = "stop"   # "stop": end-of-sequence token or a stop string; "length": max_new_tokens
+    # indices of the context tokens the answer was recomputed from (None: it was read from a compressed
+    # cache, whose per-head contents have no single token set); the eval's gold recall checks them
+    kept: torch.Tensor | None = None
 
     def to_json(self) -> dict:
         return {"answer": self.text, "method": self.method, "input_tokens": self.input_tokens,
@@ -96,6 +99,15 @@ class Context:
         return write_context_file(path, tensors, manifest)
 
 
+class Prompt(NamedTuple):
+    """What generation starts from: token ids, the cache they extend (None: a fresh one) and which context
+    tokens ``ids`` recomputes (None when the context is read from ``cache`` instead)."""
+
+    ids: torch.Tensor
+    cache: KVCache | None = None
+    kept: torch.Tensor | None = None
+
+
 class Method:
     """Base class. Plug-in points: ``encode`` (what is kept of the context), ``select`` (which context
     tokens are recomputed) or, for methods that answer from their compressed cache, ``prompt``."""
@@ -141,13 +153,13 @@ class Method:
         """Indices (ascending) of the context tokens the answer is computed from; default: all."""
         return torch.arange(ctx.ids.shape[0], device=ctx.ids.device)
 
-    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, KVCache | None]:
+    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> Prompt:
         """What generation starts from: by default the selected context tokens + the question, recomputed
         on a fresh cache at contiguous positions. Methods that answer from their compressed cache return
         the question alone and a copy of that cache."""
         with timer.stage("gather"):
             keep = self.select(ctx, part, timer)
-        return torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)]), None
+        return Prompt(torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)]), None, keep)
 
     def generation_policy(self, ctx: Context) -> EvictionPolicy | None:
         """A policy the prompt and every generated token run under (None: plain decoding)."""
@@ -160,7 +172,7 @@ class Method:
         timer.add("encode", ctx.encode_seconds)
         if ctx.load_seconds is not None:
             timer.add("load", ctx.load_seconds)
-        prompt, cache = self.prompt(ctx, part, timer)
+        prompt, cache, kept = self.prompt(ctx, part, timer)
         tokens: list[int] = []
         stop, shown, finish = StopScanner(sampling.stop), "", "stop"
         t0 = time.perf_counter()
@@ -193,7 +205,7 @@ class Method:
                  "peak_memory_mb": peak_memory_mb()}
         if (cuda := peak_cuda_mb()) is not None:
             stats["peak_cuda_mb"] = cuda
-        return Answer(shown.strip(), tokens, self.name, int(ctx.ids.shape[0] + len(part.ids)), stats, finish)
+        return Answer(shown.strip(), tokens, self.name, int(ctx.ids.shape[0] + len(part.ids)), stats, finish, kept)
 
 
 class CachedMethod(Method):
@@ -216,8 +228,8 @@ class CachedMethod(Method):
             lc.scores = None    # eviction state: not needed once the context is encoded
         return Context(pipe, self, ids, cache=cache, state=self.state(policy))
 
-    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, KVCache | None]:
-        return as_tensor(part.ids, ctx.ids.device), ctx.cache.clone()
+    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> Prompt:
+        return Prompt(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone())
 
 
 REGISTRY: dict[str, type] = {}

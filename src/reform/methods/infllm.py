@@ -14,7 +14,7 @@ from ..engine.cache import KVCache
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import InfLLM
 from ..stats import Timer
-from .base import CachedMethod, Context, register
+from .base import CachedMethod, Context, Prompt, register
 from .options import CacheConfig, keep_default, pick, require_positive
 
 if TYPE_CHECKING:
@@ -82,11 +82,11 @@ class InfLLMMethod(CachedMethod):
                 policy._memory(i).add(*(tensors[f"memory.{i}.{name}"] for name in ("keys", "values", "scores")))
         ctx.state = policy.memory
 
-    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, KVCache | None]:
+    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> Prompt:
         """The question but its last token runs with retrieval (timed as "gather"); generation continues
         from that cache with the last token (so "recomputed_tokens" is 1)."""
         ids, cache = as_tensor(part.ids, ctx.ids.device), ctx.cache.clone()
         with timer.stage("gather"):      # the question's queries retrieve memory blocks in every layer
             if ids.shape[0] > 1:
                 ctx.pipeline.engine.forward(ids[:-1], cache, policy=self.config.policy(ctx.state, score_window=0))
-        return ids[-1:], cache
+        return Prompt(ids[-1:], cache)

@@ -122,6 +122,7 @@ def generate(task: str, tok, length: int, samples: int, seed: int, haystack_dir=
                         "Answer:", min(support), 32, s,
                         {"metric": "babilong", "labels": list(LABELS[task]), "facts": story.facts,
                          "support": story.support, "support_depths": support, "positions": built.positions,
+                         "evidence": [story.facts[i] for i in story.support],
                          "tokens": built.n_tokens}))
     return rows
 

@@ -171,7 +171,7 @@ def _vt(tok, length: int, rng) -> Row:
     built = build(tok, length, list(zip(depths, chain)), sentence_pool(tok, "noise"), rng, head=VT_HEAD)
     return Row(built.text, VT_QUESTION.format(value=value), names, "", length,
                VT_PREFIX.format(n=len(names), value=value), built.depths[0], 30,
-               meta={"positions": built.positions, "chain": chain, "tokens": built.n_tokens})
+               meta={"positions": built.positions, "chain": chain, "evidence": chain, "tokens": built.n_tokens})
 
 
 def _cwe(tok, length: int, rng) -> Row:
