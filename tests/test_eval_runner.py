@@ -401,3 +401,36 @@ def test_generated_niah_rows_with_the_default_scorer(tmp_path, counts):
     assert len(records) == 4 and all(r["meta"]["metric"] == "contains" and r["score"] in (0.0, 1.0) for r in records)
     assert {(c["length"], c["depth"]) for c in metrics["by_depth"]} == {(300, 0.0), (300, 1.0), (400, 0.0), (400, 1.0)}
     assert (tmp_path / "heatmap_niah.png").exists()
+
+
+def test_shared_suite_encodes_once_asks_twenty_and_reports_time(tmp_path, monkeypatch):
+    """``reform eval shared``'s rows: one encode per context and method, 20 questions from it, and the
+    shared-context table's timing fields; ``query_aware=true`` encodes with the first question appended."""
+    from reform.eval.tasks import make_rows
+    rows = make_rows("shared", CharTokenizer(), [2500], 1, seed=2)
+    for r in rows:
+        r.max_new_tokens = 2
+    seen = []
+    encode = Pipeline.encode
+    monkeypatch.setattr(Pipeline, "encode", lambda pipe, text, *a, **k: seen.append(text) or encode(pipe, text, *a, **k))
+    loaded = LoadedModel(tiny(), CharTokenizer(), "tiny")
+    aware = "truncate:recompute_budget=200:query_aware=true"
+    metrics = run_eval(rows, methods=[TRUNCATE, aware], out_dir=tmp_path, model_name="tiny", loader=lambda: loaded,
+                       scorer=lambda row, p: float(row.meta["turn"] < 5), plots=False)
+    assert seen == [rows[0].context, rows[0].context + "\n\n" + rows[0].question]       # once per method
+    labels = [m["label"] for m in json.loads((tmp_path / "config.json").read_text())["methods"]]
+    assert labels == ["truncate(recompute_budget=200)", "truncate(query_aware=True,recompute_budget=200)"]
+    records = read_predictions(tmp_path / "predictions.jsonl")
+    assert len(records) == 40 and {r["context"] for r in records} == {rows[0].context_key[:12]}
+    shared = {c["method"]: c for c in metrics["shared_contexts"]}
+    plain = shared["truncate(recompute_budget=200)"]
+    assert plain["contexts"] == 1 and plain["questions_per_context"] == 20 and plain["n"] == 20
+    assert plain["score"] == 0.25 and plain["first_question"] == 1.0 and plain["later_questions"] == pytest.approx(4 / 19, abs=1e-4)
+    mine = [r for r in records if r["method"] == "truncate(recompute_budget=200)"]
+    asked = sum(r["stats"]["gather"] + r["stats"]["recompute"] + r["stats"].get("generate", 0) for r in mine)
+    assert plain["encode_seconds"] == pytest.approx(mine[0]["stats"]["encode"], abs=1e-3)
+    assert plain["total_seconds_per_context"] == pytest.approx(plain["encode_seconds"] + asked, abs=2e-3)
+    assert plain["seconds_per_question"] == pytest.approx(asked / 20, abs=1e-3)
+    assert "## Shared contexts: encode once, ask many" in (tmp_path / "results.md").read_text()
+    with pytest.raises(ValueError, match="query_aware .* must be true or false"):
+        method_specs(["truncate:query_aware=maybe"])

@@ -371,3 +371,29 @@ def test_smollm2_tokens_within_one_percent_and_a_million_tokens_fast():
     rows = make_rows("niah", tok, [1_000_000], 1, depths=[0.5])
     assert time.perf_counter() - t < 5.0
     assert within(ntok(tok, rows[0].context), 1_000_000, 1_000_000)
+
+
+# --- shared context -------------------------------------------------------------------------------------
+
+def test_shared_suite_one_context_twenty_answerable_questions(tokenizer):
+    from reform.eval.recall import evidence
+    from reform.eval.tasks.shared import KINDS
+    rows = make_rows("shared", tokenizer, [6000], 2, seed=5)
+    assert suite_tasks("shared") == ["kv20"] and len(rows) == 40
+    for sample in (0, 1):
+        group = [r for r in rows if r.sample == sample]
+        assert len({r.context for r in group}) == 1 and len({r.question for r in group}) == 20
+        context = group[0].context
+        assert within(ntok(tokenizer, context), 6000, 6000)
+        assert sorted(r.meta["turn"] for r in group) == list(range(20))            # asked in turn
+        assert {r.task for r in group} == {f"shared/{k.name}" for k in KINDS}       # 4 facts of each kind
+        assert all(sum(r.task == f"shared/{k.name}" for r in group) == 4 for k in KINDS)
+        for r in group:
+            value = r.answers[0]
+            assert context.count(value) == 1 and context.count(r.meta["fact"]) == 1   # gold in context, once
+            assert value in r.meta["fact"] and evidence(r) == [value]
+            assert r.meta["key"] in r.question and r.meta["key"] in r.meta["fact"]   # asks for that fact
+            assert sum(r.meta["key"] in f for f in r.meta["facts"]) == 1                # and no other
+            assert r.meta["metric"] == "contains" and 0 <= r.depth <= 1
+    assert rows[0].context != rows[20].context                                       # samples differ
+    assert make_rows("shared", tokenizer, [6000], 2, seed=5)[7].to_json() == rows[7].to_json()   # seeded

@@ -29,6 +29,8 @@ SUITES_HELP = {
     "niah": "Needle in a haystack at several depths and lengths (REFORM §4.1; heat map per method).",
     "ruler": "RULER-style synthetic tasks: needles, multi-key/value/query, variable tracking, word extraction.",
     "babilong": "BABILong-style reasoning: bAbI qa1-qa5 facts scattered through a natural-text haystack.",
+    "shared": "Shared context: one haystack with 20 key-value facts, 20 questions asked in turn (encode once, "
+              "ask many; method:query_aware=true compresses with the first question in view).",
 }
 
 

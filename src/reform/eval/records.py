@@ -57,6 +57,7 @@ def finished(record: dict, force_over_window: bool) -> bool:
 
 def record_for(row: Row, spec: MethodSpec, config_hash: str, status: str, **extra) -> dict:
     return {"id": row.id, "task": row.task, "length": row.length, "depth": row.depth, "sample": row.sample,
+            "context": row.context_key[:12],
             "method": spec.label, "method_name": spec.name, "config_hash": config_hash, "status": status,
             "question": row.question, "answer_prefix": row.answer_prefix, "answers": row.answers,
             "meta": row.meta, "prediction": None, "score": None, **extra}

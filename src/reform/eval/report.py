@@ -55,6 +55,35 @@ def summary(cells: list[list[dict]]) -> dict:
             "errors": sum(r["status"] == "error" for c in cells for r in c)}
 
 
+def question_seconds(record: dict) -> float:
+    """Wall seconds of one question once its context is encoded: gather, recompute, generate."""
+    return sum(record.get("stats", {}).get(k, 0.0) for k in STAGES[1:])
+
+
+def shared_contexts(records: list[dict], methods: list[str]) -> list[dict]:
+    """Per method x length, over the contexts that were asked several questions: score (all questions,
+    the first, the later ones), the encode paid once, seconds per question, total seconds per context."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in _ok(records):
+        if r.get("context") and r.get("stats", {}).get("encode_shared_by", 1) > 1:
+            groups[(r["method"], r["length"], r["context"])].append(r)
+    by_cell: dict[tuple, list[list[dict]]] = defaultdict(list)
+    for (method, length, _), group in groups.items():
+        by_cell[(method, length)].append(group)
+    out = []
+    for (method, length), contexts in sorted(by_cell.items(), key=lambda kv: (kv[0][1], methods.index(kv[0][0]))):
+        rows = [r for c in contexts for r in c]
+        turn = lambda first: [[r for r in rows if (r.get("meta", {}).get("turn", 0) == 0) == first]]
+        encodes = [max(r["stats"].get("encode", 0.0) for r in c) for c in contexts]
+        out.append({"method": method, "length": length, "contexts": len(contexts),
+                    "questions_per_context": round(len(rows) / len(contexts), 2), **summary([rows]),
+                    "first_question": summary(turn(True))["score"], "later_questions": summary(turn(False))["score"],
+                    "encode_seconds": _mean(encodes), "seconds_per_question": _mean(list(map(question_seconds, rows))),
+                    "total_seconds_per_context": _mean([e + sum(map(question_seconds, c))
+                                                        for e, c in zip(encodes, contexts)])})
+    return out
+
+
 def aggregate(records: list[dict], method_order: Iterable[str] = ()) -> dict:
     """Score and recall (with n and 95 % intervals) per task x length x method, per depth where rows have
     one, per length averaged over tasks, and per method (with seconds per row and peak memory)."""
@@ -86,7 +115,8 @@ def aggregate(records: list[dict], method_order: Iterable[str] = ()) -> dict:
                                                 default=None)})
     key = lambda c: (tasks.index(c["task"]), c["length"], methods.index(c["method"]), c.get("depth") or 0)
     return {"methods": methods, "tasks": tasks, "lengths": lengths, "by_task": sorted(by_task, key=key),
-            "by_depth": sorted(by_depth, key=key), "by_length": by_length, "by_method": by_method}
+            "by_depth": sorted(by_depth, key=key), "by_length": by_length, "by_method": by_method,
+            "shared_contexts": shared_contexts(records, methods)}
 
 
 def _percent(cell: dict | None, key: str = "score", ci: bool = True) -> str:
@@ -158,6 +188,19 @@ def markdown(metrics: dict, model: str = "") -> str:
                   "Rows scored below 100 % with every gold string recomputed (reading misses: the model had the "
                   "facts) / with some gold string left out (retrieval misses).", ""]
         lines += _grid(metrics, _misses)
+    if metrics.get("shared_contexts"):
+        lines += ["", "## Shared contexts: encode once, ask many", "",
+                  "Contexts asked several questions in turn: score over all their questions (95 % interval), "
+                  "on the first question and on the later ones; the encode is paid once per context.", ""]
+        pct = lambda v: "—" if v is None else f"{100 * v:.1f}"
+        secs = lambda v: "—" if v is None else f"{v:.1f}"
+        lines += _table(["method", "length", "contexts", "questions each", "score", "first question",
+                         "later questions", "gold recall", "encode s", "s per question", "total s per context"],
+                        [[c["method"], format_length(c["length"]), str(c["contexts"]),
+                          f"{c['questions_per_context']:g}", _percent(c), pct(c["first_question"]),
+                          pct(c["later_questions"]), _percent(c, "recall"), secs(c["encode_seconds"]),
+                          f"{c['seconds_per_question']:.2f}", secs(c["total_seconds_per_context"])]
+                         for c in metrics["shared_contexts"]])
     for task in _ordered(c["task"] for c in metrics["by_depth"]):
         depth = {(c["method"], c["depth"], c["length"]): c for c in metrics["by_depth"] if c["task"] == task}
         lengths = sorted({k[2] for k in depth})

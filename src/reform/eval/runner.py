@@ -37,7 +37,7 @@ def group_by_context(rows: Iterable[Row]) -> list[list[Row]]:
     return list(groups.values())
 
 
-def encode(pipe, text: str, force_over_window: bool, progress: RowProgress):
+def encode(pipe, text: str, force_over_window: bool, progress: "RowProgress"):
     """``pipe.encode(text)``; full attention past the window raises ``PastWindowWarning`` unless forced."""
     from ..methods.full import PastWindowWarning
     from ..stats import reset_peak_memory
@@ -50,13 +50,14 @@ def encode(pipe, text: str, force_over_window: bool, progress: RowProgress):
         progress.encoded()
 
 
-def answer_group(pipe, rows: list[Row], force_over_window: bool,
-                 progress: RowProgress | None = None) -> Iterator[tuple[Row, str, dict]]:
+def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowProgress | None" = None,
+                 first_question: str | None = None) -> Iterator[tuple[Row, str, dict]]:
     """Encode the rows' shared context once and ask every row's question: yields (row, status, record
-    fields)."""
+    fields). ``first_question``: encode the context with it appended (query-aware compression)."""
     from ..methods.full import PastWindowWarning
+    text = rows[0].context + (f"\n\n{first_question}" if first_question else "")
     try:
-        ctx = encode(pipe, rows[0].context, force_over_window, progress or RowProgress(False, 0))
+        ctx = encode(pipe, text, force_over_window, progress or RowProgress(False, 0))
     except PastWindowWarning as w:
         reason = f"{w} (not run; force_over_window / --force-over-window runs it)"
         yield from ((row, "skipped", {"reason": reason}) for row in rows)
@@ -202,7 +203,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
             loaded = loader()
             model, tokenizer = loaded.model, loaded.tokenizer
         pipes = {s.label: Pipeline(model, tokenizer, model_name=model_name, method=s.name,
-                                   use_chat_template=use_chat_template, **dict(s.options)) for s in specs}
+                                   use_chat_template=use_chat_template, **s.method_options) for s in specs}
         for entry in config["methods"]:     # the options every default resolved to, for the record
             if entry["label"] in pipes:
                 entry["resolved"] = resolved_options(pipes[entry["label"]].method)
@@ -215,7 +216,9 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                     if not group_todo:
                         continue
                     bar.describe(f"{spec.label} · {format_length(group_todo[0].length)}")
-                    for row, status, extra in answer_group(pipes[spec.label], group_todo, force_over_window, bar):
+                    answers = answer_group(pipes[spec.label], group_todo, force_over_window, bar,
+                                           group[0].question if spec.query_aware else None)
+                    for row, status, extra in answers:
                         if status == "ok":
                             extra["score"] = float(scorer(row, extra["prediction"]))
                         record = record_for(row, spec, hashes[spec.label], status, **extra)

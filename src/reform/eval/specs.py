@@ -52,9 +52,16 @@ def option_value(text: str):
     return text
 
 
+RUN_OPTIONS = {"query_aware": bool}
+"""Options of how the evaluation runs a method rather than of the method: ``query_aware=true`` encodes
+each context with its first question appended, as query-aware compression (SnapKV-style) sees the
+question while it compresses; every question, the first included, is then asked as usual."""
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method by name plus options (fields of its config); ``label`` names it in every output."""
+    """A method by name plus options (fields of its config, or ``RUN_OPTIONS``); ``label`` names it in
+    every output."""
 
     name: str
     options: tuple = ()      # sorted (key, value) pairs, so specs hash and compare by value
@@ -90,12 +97,25 @@ class MethodSpec:
             return self.name
         return f"{self.name}({','.join(f'{k}={v}' for k, v in self.options)})"
 
+    @property
+    def method_options(self) -> dict:
+        """The options that go to the method (``RUN_OPTIONS`` left out)."""
+        return {k: v for k, v in self.options if k not in RUN_OPTIONS}
+
+    @property
+    def query_aware(self) -> bool:
+        return bool(dict(self.options).get("query_aware", False))
+
     def check(self) -> None:
         """Refuse an unknown method or options it does not take (no model needed)."""
         from ..pipeline import check_method_options
         if not self.name:
             raise ValueError("a method name is empty")
-        check_method_options(self.name, **dict(self.options))
+        for key, kind in RUN_OPTIONS.items():
+            value = dict(self.options).get(key, kind())
+            if not isinstance(value, kind):
+                raise ValueError(f"option {key} of '{self.label}' must be true or false, got {value!r}")
+        check_method_options(self.name, **self.method_options)
 
     def config_hash(self, model_name: str, use_chat_template: bool = True) -> str:
         """What the predictions depend on besides the row: model, method, options, prompt layout."""

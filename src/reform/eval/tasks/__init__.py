@@ -5,6 +5,7 @@
 * ``niah``: one needle in natural text at depths 0-100 % (REFORM paper §4.1) -- :mod:`.niah`;
 * ``ruler``: RULER's 11 synthetic tasks (retrieval, variable tracking, aggregation) -- :mod:`.ruler`;
 * ``babilong``: bAbI qa1-qa5 facts scattered through natural text -- :mod:`.babilong`;
+* ``shared``: one context with 20 key-value facts, 20 questions asked in turn -- :mod:`.shared`;
 
 and :func:`.scoring.score` grades an answer by the metric each row names in ``meta["metric"]``.
 Every row's ``context`` is about ``length`` tokens of the given tokenizer (within 1 %), built by
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..rows import Row
-from . import babilong, niah, ruler
+from . import babilong, niah, ruler, shared
 from .scoring import score
 
 
@@ -32,6 +33,7 @@ SUITES = {
     "niah": Suite(niah.TASKS, niah.generate),
     "ruler": Suite(ruler.TASKS, ruler.generate),
     "babilong": Suite(babilong.TASKS, babilong.generate),
+    "shared": Suite(shared.TASKS, shared.generate),
 }
 
 
