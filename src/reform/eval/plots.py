@@ -84,7 +84,7 @@ def versus_length(metrics: dict, out_dir: str | Path, key: str = "score") -> Pat
             points = [cells[(method, n)] for n in lengths if (method, n) in cells]
             if not points:
                 continue
-            x = [c["length"] * 1.03 ** (i - len(colours) / 2) for c in points]    # side by side, not on top
+            x = [c["length"] * 1.07 ** (i - (len(colours) - 1) / 2) for c in points]    # side by side, not on top
             y = [100 * c[key] for c in points]
             bounds = [c.get(interval) or [c[key], c[key]] for c in points]
             err = [[v - 100 * b[0] for v, b in zip(y, bounds)], [100 * b[1] - v for v, b in zip(y, bounds)]]
