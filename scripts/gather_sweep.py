@@ -46,7 +46,7 @@ def raw_scores(ctx, part) -> torch.Tensor:
     return token_scores(ctx.state.data, q_emb.data[part.query_span])
 
 
-def sweep_row(pipe, row) -> dict:
+def sweep_row(pipe, row, answers: bool = True) -> dict:
     t0 = time.perf_counter()
     ctx = pipe.encode(row.context)
     encode_s = time.perf_counter() - t0
@@ -65,9 +65,9 @@ def sweep_row(pipe, row) -> dict:
                 kept = gather_indices(pooled, budget, keep, keep)
                 flags = gold_kept(pipe.tokenizer, ctx.ids, kept, golds, text)
                 out["recall"].append({"pool": pool, "budget": budget, "keep": keep, "recall": recall(flags)})
-                on_line = budget == default.recompute_budget and (pool == default.pool_window or keep == default.keep_first)
+                on_line = answers and budget == default.recompute_budget and (pool == 129 or keep == budget // 4)
                 if on_line:
-                    ctx.method.config = replace(default, keep_first=keep, keep_last=keep, pool_window=pool)
+                    ctx.method.config = replace(default, gather_keep=keep, pool_window=pool)
                     ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens)
                     out["score"].append({"pool": pool, "keep": keep, "score": score(row, ans.text),
                                          "recall": recall(flags), "answer": ans.text[:80]})
@@ -113,6 +113,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1000, help="held out: the eval suites use seed 0")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--report", action="store_true", help="only write sweep.md from sweep.jsonl")
+    ap.add_argument("--first-sample", type=int, default=0, help="skip samples below this one")
+    ap.add_argument("--recall-only", action="store_true", help="measure recall, generate no answers")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,9 +125,9 @@ def main() -> None:
         done = {(r["task"], r["sample"]) for r in map(json.loads, path.open())} if path.exists() else set()
         for task in a.tasks.split(","):
             for row in ruler.generate(task, pipe.tokenizer, parse_length(a.length), a.samples, a.seed):
-                if (row.task, row.sample) in done:
+                if (row.task, row.sample) in done or row.sample < a.first_sample:
                     continue
-                result = sweep_row(pipe, row)
+                result = sweep_row(pipe, row, answers=not a.recall_only)
                 with path.open("a") as f:
                     f.write(json.dumps(result) + "\n")
                 print(row.task, row.sample, result["encode_s"], [c["score"] for c in result["score"]], flush=True)
