@@ -395,5 +395,6 @@ def test_shared_suite_one_context_twenty_answerable_questions(tokenizer):
             assert r.meta["key"] in r.question and r.meta["key"] in r.meta["fact"]   # asks for that fact
             assert sum(r.meta["key"] in f for f in r.meta["facts"]) == 1                # and no other
             assert r.meta["metric"] == "contains" and 0 <= r.depth <= 1
+            assert r.max_new_tokens == (64 if r.task == "shared/code" else 32)
     assert rows[0].context != rows[20].context                                       # samples differ
     assert make_rows("shared", tokenizer, [6000], 2, seed=5)[7].to_json() == rows[7].to_json()   # seeded

@@ -7,7 +7,7 @@
 2. **Gather** (§3.3, appendix C.6): the question's tokens run on top of the final compressed cache; every
    context token is scored by cosine similarity to each question token, max over question tokens,
    max-pooled over a 129-token window; the top ``recompute_budget`` tokens, always including the first
-   and last ``gather_keep`` (the paper's 256, capped at a sixteenth of the budget), are kept in their
+   and last ``gather_keep`` (the paper's 256, capped at an eighth of the budget), are kept in their
    original order.
 3. **Recompute** (§3.3): the gathered tokens + the question run through the full model at fresh
    contiguous positions, and the answer is generated from that cache.
@@ -77,9 +77,9 @@ class ReformConfig:
     keep_first: int | None = None       # the compressed cache's always-kept first/last tokens (§3.1)
     keep_last: int | None = None
     # tokens always gathered at each end of the context (§3.3); default: the cache's keep, at most
-    # recompute_budget / 16. The paper's 256 is 1/32-1/64 of its 8k-16k budgets; at SmolLM2's 1024 the
-    # two ends would take half the budget, and with four needles of 129-token pooled windows a value
-    # went ungathered (docs/evaluation.md, gather sweep), so the keep scales down with small budgets.
+    # recompute_budget / 8. The paper's 256 is 1/32-1/64 of its 8k-16k budgets; at SmolLM2's 1024 the
+    # two ends would take half the budget, and with four or five needles of 129-token pooled windows a
+    # fact went ungathered (docs/evaluation.md, gather sweep), so the keep scales down with small budgets.
     gather_keep: int | None = None
     pool_window: int = 129
     score_window: int = 128
@@ -90,7 +90,7 @@ class ReformConfig:
         c = replace(self, chunk_size=pick(self.chunk_size, w // 4), cache_budget=pick(self.cache_budget, w // 4),
                     recompute_budget=pick(self.recompute_budget, w // 2),
                     keep_first=pick(self.keep_first, keep), keep_last=pick(self.keep_last, keep))
-        c.gather_keep = pick(c.gather_keep, min(c.keep_first, c.keep_last, c.recompute_budget // 16))
+        c.gather_keep = pick(c.gather_keep, min(c.keep_first, c.keep_last, c.recompute_budget // 8))
         c.check(shape)
         return c
 

@@ -8,7 +8,8 @@ encodes it once per method and asks all 20 (``encode_shared_by`` in each record)
 REFORM's encode-once, ask-many claim, and a compress-with-the-first-question variant
 (``method:query_aware=true``) shows what question-aware compression costs the later questions.
 
-Each gold value occurs exactly once in the context, so gold recall is defined for every row.
+Each gold value occurs exactly once in the context, so gold recall is defined for every row. Answers get
+32 new tokens, 64 for the UUID codes (a UUID alone is about 25 tokens; RULER gives its UUID tasks 64).
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ class Kind:
     fact: str           # {key}, {value}
     question: str       # {key}
     prefix: str         # {key}
+    max_new_tokens: int = 32
 
 
 KINDS = (
     Kind("number", random_key, random_number, "The special magic number for {key} is: {value}.",
          "What is the special magic number for {key}?", "The special magic number for {key} is"),
     Kind("code", random_key, random_uuid, "The access code of the {key} vault is {value}.",
-         "What is the access code of the {key} vault?", "The access code of the {key} vault is"),
+         "What is the access code of the {key} vault?", "The access code of the {key} vault is", 64),
     Kind("city", lambda rng: rng.choice(FIRST_NAMES) + " " + rng.choice("BCDFGHKLMNPRSTVW") + ".",
          lambda rng: rng.choice(CITIES), "{key} has lived in the city of {value} for many years.",
          "In which city does {key} live?", "{key} lives in the city of"),
@@ -100,7 +102,7 @@ def generate(task: str, tok, length: int, samples: int, seed: int, haystack_dir=
         for turn, i in enumerate(order):
             kind, key, value = facts[i]
             rows.append(Row(built.text, kind.question.format(key=key), [value], f"shared/{kind.name}", length,
-                            kind.prefix.format(key=key), built.depths[i], 32, s,
+                            kind.prefix.format(key=key), built.depths[i], kind.max_new_tokens, s,
                             {"metric": "contains", "turn": turn, "facts": texts, "fact": texts[i], "key": key,
                              "positions": built.positions, "tokens": built.n_tokens}))
     return rows
