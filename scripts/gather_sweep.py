@@ -27,23 +27,12 @@ from reform.eval.recall import evidence, gold_kept, recall
 from reform.eval.specs import parse_length
 from reform.eval.tasks import ruler
 from reform.eval.tasks.scoring import score
-from reform.methods.reform import gather_indices, max_pool, token_scores
-from reform.engine.extractors import HeadEmbeddings
-from reform.engine.layout import as_tensor
+from reform.methods.reform import gather_indices, max_pool
 
 TASKS = [t for t in ruler.TASKS if t not in ("cwe", "fwe")]     # aggregation tasks have no gold span
 KEEP_FRACTIONS = (0, 1 / 32, 1 / 16, 1 / 8, 1 / 4)
 POOLS = (1, 33, 65, 129, 257)
 BUDGETS = (512, 1024, 2048)
-
-
-def raw_scores(ctx, part) -> torch.Tensor:
-    """REFORM's per-token scores before pooling (``Reform.scores`` without the max-pool)."""
-    c, engine = ctx.method.config, ctx.pipeline.engine
-    q_emb = HeadEmbeddings(list(c.heads), engine.shape, len(part.ids), ctx.ids.device, c.embed_dtype)
-    q_emb.begin(0, len(part.ids))
-    engine.forward(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone(), hook=q_emb, qkv_only_next=True)
-    return token_scores(ctx.state.data, q_emb.data[part.query_span])
 
 
 def sweep_row(pipe, row, answers: bool = True) -> dict:
@@ -53,7 +42,7 @@ def sweep_row(pipe, row, answers: bool = True) -> dict:
     part = pipe.templater.question(row.question, row.answer_prefix)
     golds, text = evidence(row), pipe.tokenizer.decode(ctx.ids.tolist())
     with torch.inference_mode():
-        raw = raw_scores(ctx, part)
+        raw = ctx.method.similarities(ctx, part)
     default = ctx.method.config
     out = {"task": row.task, "sample": row.sample, "tokens": int(ctx.ids.shape[0]), "encode_s": round(encode_s, 1),
            "recall": [], "score": []}

@@ -154,6 +154,10 @@ class Reform(Method):
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """Every context token's importance for the question: max-pooled cosine to the question tokens."""
+        return max_pool(self.similarities(ctx, part), self.config.pool_window)
+
+    def similarities(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
+        """Every context token's cosine to the question tokens (max over them), before pooling."""
         c, engine = self.config, ctx.pipeline.engine
         if ctx.cache.length + len(part.ids) > engine.shape.window:
             raise ValueError(f"the question ({len(part.ids)} tokens) does not fit the window next to the "
@@ -164,4 +168,4 @@ class Reform(Method):
         query = q_emb.data[part.query_span]
         if query.shape[0] == 0:
             raise ValueError("the question has no tokens to search with")
-        return max_pool(token_scores(ctx.state.data, query), c.pool_window)
+        return token_scores(ctx.state.data, query)
