@@ -226,7 +226,7 @@ def test_metrics_table_and_plots_from_handmade_predictions(tmp_path):
     assert "| ruler/a | 8k | 2/1 | 75.0 [50–100] | 25.0 [1–88] |" in table
     assert "| ruler/b | 8k | 1 | 0.0 [0–79] | skipped |" in table
     assert "| ruler/a | 16k | 1 | 100.0 [21–100] | — |" in table
-    assert "| **mean over tasks** | 8k | 3/1 | 37.5 [25–50] | 25.0 [1–88] |" in table
+    assert "| **mean over tasks** | 8k | 3/1 | 37.5 [25–50] | 25.0 [1–88] (1 of 2 tasks) |" in table
     assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 1000
     assert not list(tmp_path.glob("heatmap_*.png"))                 # no depths, no heat map
 

@@ -157,7 +157,10 @@ def _grid(metrics: dict, show) -> list[str]:
         avg = {(c["length"], c["method"]): c for c in metrics["by_length"]}
         for length in metrics["lengths"]:
             line = [avg.get((length, m)) for m in methods]
-            body.append(["**mean over tasks**", format_length(length), _count(line), *map(show, line)])
+            most = max((c["tasks"] for c in line if c is not None), default=0)
+            partial = lambda c: "" if c is None or c["tasks"] == most else f" ({c['tasks']} of {most} tasks)"
+            body.append(["**mean over tasks**", format_length(length), _count(line),
+                         *(show(c) + partial(c) for c in line)])
     return _table(["task", "length", "n", *methods], body)
 
 
