@@ -47,8 +47,7 @@ def gold_kept(tokenizer, ids: torch.Tensor, kept: torch.Tensor | None, golds: Se
     if kept is None:
         return [None] * len(golds)
     text = tokenizer.decode(ids.tolist()) if context_text is None else context_text
-    token_ids = ids.tolist()
-    runs = [tokenizer.decode(token_ids[a:b]) for a, b in kept_runs(kept)]
+    runs = [tokenizer.decode(ids[a:b].tolist()) for a, b in kept_runs(kept)]   # only the kept tokens
     return [None if text.count(g) != 1 else any(g in run for run in runs) for g in golds]
 
 
