@@ -105,3 +105,45 @@ def test_encode_and_ask_context_refusals(tmp_path, text_file):
     assert r.exit_code == 2 and "cannot be combined with --context" in r.output
     r = run("ask", str(text_file), "-q", "What?", "--temperature", "9")
     assert r.exit_code == 2 and "temperature" in r.output
+
+
+def test_encode_corpus_refusals(tmp_path, text_file):
+    r = run("encode", str(text_file))
+    assert r.exit_code == 2 and "give --out FILE (one document) or --store" in r.output
+    r = run("encode", str(text_file), "-o", str(tmp_path / "a.reform"), "--store", str(tmp_path / "s"))
+    assert r.exit_code == 2 and "give --out FILE (one document) or --store" in r.output
+    r = run("encode", str(text_file), "-o", str(tmp_path / "a.reform"), "--ray")
+    assert r.exit_code == 2 and "--ray encodes into a store" in r.output
+    (tmp_path / "empty").mkdir()
+    r = run("encode", str(tmp_path / "empty"), "--store", str(tmp_path / "s"))
+    assert r.exit_code == 2 and "no documents in" in r.output
+    r = run("encode", str(tmp_path / "missing"), "--store", str(tmp_path / "s"))
+    assert r.exit_code == 2 and "file not found" in r.output
+    r = run("encode", str(text_file), "--store", str(text_file / "below"))
+    assert r.exit_code == 2 and "cannot use" in r.output and "context store" in r.output
+    r = run("encode", str(text_file), "--store", "nosuch://bucket/x")
+    assert r.exit_code == 2 and "Protocol not known" in r.output
+    r = run("encode", str(text_file), "--store", str(tmp_path / "s"), "--method", "nope")
+    assert r.exit_code == 2 and "unknown method 'nope'" in r.output
+
+
+def test_encode_corpus_in_one_process_skips_stored_and_reports_failures(tiny_model_dir, tmp_path):
+    import json
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("Alpha context. " * 30)
+    (corpus / "sub" / "b.txt").write_text("Beta context, somewhat different. " * 30)
+    (corpus / ".hidden.txt").write_text("skipped")
+    args = ["encode", str(corpus), "--store", str(tmp_path / "store"), "--json", "--model", str(tiny_model_dir),
+            "--heads", "1:v:0,2:q:3", "--chunk-size", "64", "--cache-budget", "96", "--recompute-budget", "128"]
+    first = json.loads(run(*args).stdout)
+    assert (first["documents"], first["encoded"], first["failed"]) == (2, 2, 0)
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == sorted(f"{r['key']}.reform"
+                                                                            for r in first["results"])
+    (corpus / "c.txt").write_bytes(b"\x00binary")
+    r = run(*args)
+    again = json.loads(r.stdout)
+    assert r.exit_code == 1 and (again["encoded"], again["stored"], again["failed"]) == (0, 2, 1)
+    assert [x["error"] for x in again["results"] if x["status"] == "failed"][0].endswith("looks binary (it contains "
+                                                                                         "NUL bytes); give a UTF-8 "
+                                                                                         "text file")

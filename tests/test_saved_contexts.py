@@ -205,3 +205,42 @@ def test_sampling_options(saved):
     for bad in (dict(temperature=-1), dict(temperature=3), dict(top_p=0), dict(seed="x"), dict(stop=[""])):
         with pytest.raises(ValueError):
             ctx.ask(QUESTION, **bad)
+
+
+@pytest.mark.parametrize("where", ["local", "url"])
+def test_store_at_a_url_behaves_like_a_folder(saved, tmp_path, where):
+    """The same store operations over fsspec (``memory://``: no local path at all) and a local folder:
+    put, has, manifest from the header only, open_local -> load -> ask, listing, delete; killed writes'
+    hidden files are never listed and are removed by ``remove_stale_temporaries``."""
+    import uuid
+    pipe, ctx, path = saved
+    location = str(tmp_path / "store") if where == "local" else f"memory://store-{uuid.uuid4().hex[:8]}/ctx"
+    store = ContextStore(location)
+    assert store.local == (where == "local")
+    key = pipe.context_key(ctx.ids)
+    assert not store.has(key) and store.get(key) is None
+    size = store.put(key, ctx)
+    assert store.has(key) and store.get(key).bytes == size == path.stat().st_size
+    assert store.manifest(key)["tokens"] == ctx.ids.shape[0]
+    with store.open_local(key) as local:
+        again = pipe.load_context(local)
+    assert again.ask(QUESTION, max_new_tokens=6).tokens == ctx.ask(QUESTION, max_new_tokens=6).tokens
+    hidden = f"{store.root}/.{key}.reform.0123abcd.tmp"
+    with store.fs.open(hidden, "wb") as f:        # a write whose process was killed
+        f.write(b"partial")
+    assert [e.key for e in store.entries()] == [key] and len(store.temporaries()) == 1
+    assert store.remove_stale_temporaries(older_than_s=3600) == 0
+    assert store.remove_stale_temporaries(older_than_s=0) == 1 and store.temporaries() == []
+    with store.fs.open(f"{store.root}/{'0' * 32}.reform", "wb") as f:      # damaged: refused in one line
+        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ContextFileError, match="not a readable saved context"):
+        store.manifest("0" * 32)
+    assert store.delete(key) and not store.has(key) and not store.delete(key)
+    if where == "url":
+        with pytest.raises(ValueError, match="not a local folder"):
+            store.path(key)
+
+
+def test_store_refuses_an_unknown_protocol():
+    with pytest.raises(ContextFileError, match="cannot use nosuch://x as a context store"):
+        ContextStore("nosuch://x")

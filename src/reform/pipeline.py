@@ -70,6 +70,9 @@ class Pipeline:
         self.eos_ids = self.templater.eos_ids(model)
         self.method = make_method(method, self.engine, self.model_name, **method_options)
         self._identity: dict | None = None
+        # runs a segment-parallel encode's segments ``[(ids, skip, last), ...]`` -> ``[(embeddings, cache)]``
+        # elsewhere (e.g. on Ray workers, ``reform.cluster``); None: one after another in this process
+        self.segment_runner: Callable[[list], list] | None = None
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str | None = None, dtype: str | None = None,

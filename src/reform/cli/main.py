@@ -79,23 +79,19 @@ class CliError(Exception):
 
 def read_text_file(path: Path) -> str:
     """A UTF-8 text file's content; ``-`` reads standard input."""
+    from ..documents import DocumentError, decode_text
     if str(path) == "-":
-        data = sys.stdin.buffer.read()
-        path = "standard input"
+        data, path = sys.stdin.buffer.read(), "standard input"
     elif not path.exists():
         raise CliError(f"file not found: {path}")
     elif path.is_dir():
         raise CliError(f"{path} is a directory, not a text file")
     else:
         data = path.read_bytes()
-    if not data.strip():
-        raise CliError(f"{path} is empty")
-    if b"\x00" in data[:1 << 20]:
-        raise CliError(f"{path} looks binary (it contains NUL bytes); give a UTF-8 text file")
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CliError(f"{path} is not valid UTF-8 (byte {e.start}); convert it to UTF-8 first") from None
+        return decode_text(data, str(path))
+    except DocumentError as e:
+        raise CliError(str(e)) from None
 
 
 @contextmanager
@@ -161,19 +157,46 @@ def build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_bud
     """Load the model and build ``method``; options left as None take the method's defaults, and a
     method refuses options it does not take (before the model is loaded). ``extra``: further options
     (fields of the method's config) from ``--option``."""
+    return pipeline_from(load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device,
+                                      dtype, chat_template, extra))
+
+
+def pipeline_from(load: dict):
+    """The pipeline ``load`` (``load_options``) describes, refusals as one-line ``CliError``s."""
     from ..model import ModelLoadError
     from ..pipeline import Pipeline
     from ..engine.core import UnsupportedModelError
     from ..methods.options import OptionError
-    options = {"heads": heads, "chunk_size": chunk_size, "cache_budget": cache_budget,
-               "recompute_budget": recompute_budget, **(extra or {})}
+    load = dict(load)
     try:
         with notes_as_lines():      # Pipeline.load refuses bad options, device, dtype or path before loading
-            return Pipeline.load(model, device=device, dtype=dtype, method=method, use_chat_template=chat_template,
-                                 **options)
+            return Pipeline.load(load.pop("model"), **load)
     except OptionError as e:
         raise option_error(e) from None
     except (ModelLoadError, UnsupportedModelError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+def load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
+                 chat_template=True, extra: dict | None = None) -> dict:
+    """``Pipeline.load`` keyword arguments (``model`` among them) from the shared command-line options:
+    plain values, so a cluster worker can load the same pipeline."""
+    return {"model": model, "device": device, "dtype": dtype, "method": method, "use_chat_template": chat_template,
+            "heads": heads, "chunk_size": chunk_size, "cache_budget": cache_budget,
+            "recompute_budget": recompute_budget, **(extra or {})}
+
+
+def check_load_options(load: dict) -> None:
+    """Refuse what ``load`` would refuse, without loading the model (before work goes to a cluster)."""
+    from ..methods.options import OptionError
+    from ..model import ModelLoadError
+    from ..pipeline import check_load
+    options = {k: v for k, v in load.items() if k not in ("model", "use_chat_template")}
+    try:
+        check_load(load.get("model"), **options)
+    except OptionError as e:
+        raise option_error(e) from None
+    except (ModelLoadError, ValueError, TypeError) as e:
         raise CliError(str(e)) from None
 
 
@@ -317,41 +340,6 @@ def check_sampling(temperature, top_p, seed, stop) -> dict:
 
 
 @app.command()
-def encode(file: Path = typer.Argument(..., help="UTF-8 text file holding the context"),
-           output: Path = typer.Option(..., "--out", "-o", help="where to save the context, e.g. book.reform"),
-           as_json: bool = typer.Option(False, "--json", help="print one JSON object with the result"),
-           model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
-           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
-           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
-           dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
-           chat_template: bool = ChatTemplateOpt):
-    """Encode FILE once and save the context; ask it later with `reform ask --context OUT -q ...`."""
-    from ..store import ContextFileError
-    try:
-        output = checked_output(output, "--out", folder=False)
-        on_interrupt(f"nothing was written ({output} is as it was); run the command again to encode from the start")
-        text = read_text_file(file)
-        pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
-                              chat_template, parse_options(option))
-        ctx = encode_text(pipe, text, as_json)
-        t = time.perf_counter()
-        size = ctx.save(output)
-        save_s = time.perf_counter() - t
-    except ContextFileError as e:
-        fail(CliError(str(e)))
-    except CliError as e:
-        fail(e)
-    n = int(ctx.ids.shape[0])
-    result = {"path": str(output), "method": pipe.method.name, "tokens": n, "encode_seconds": round(ctx.encode_seconds, 3),
-              "save_seconds": round(save_s, 3), "bytes": size, "bytes_per_token": round(size / n, 1)}
-    if as_json:
-        print(json.dumps(result))
-    else:
-        err.print(f"saved {output}: {n} tokens encoded in {ctx.encode_seconds:.1f} s ({pipe.method.name}), "
-                  f"{size / 2**20:.1f} MiB on disk ({size / n:.0f} bytes per token)")
-
-
-@app.command()
 def demo(length: Optional[int] = typer.Option(None, "--length", help="haystack tokens (default: 8x window)"),
          depth: float = typer.Option(0.5, "--depth", min=0.0, max=1.0, help="needle depth, 0..1"),
          seed: int = typer.Option(0, "--seed"),
@@ -392,7 +380,7 @@ def demo(length: Optional[int] = typer.Option(None, "--length", help="haystack t
 
 from .eval import app as eval_app  # noqa: E402  (here, after the helpers it imports)
 app.add_typer(eval_app, name="eval")
-from . import bench, models, serve  # noqa: E402,F401  (register `reform bench`, `reform models`, `reform serve`)
+from . import bench, encode, models, serve  # noqa: E402,F401  (register `reform bench|encode|models|serve`)
 
 
 def main():

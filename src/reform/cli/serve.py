@@ -9,14 +9,15 @@ from typing import Optional
 import typer
 
 from .main import (CacheOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt, ModelOpt, OptionOpt,
-                   RecomputeOpt, app, build_pipeline, checked_output, err, fail, parse_options)
+                   RecomputeOpt, app, check_load_options, checked_output, err, fail, load_options,
+                   parse_options, pipeline_from)
 
 
 @app.command()
 def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
           port: int = typer.Option(8000, "--port", min=1, max=65535),
-          store: Path = typer.Option(Path("reform-store"), "--store", help="folder of saved contexts (kept "
-                                     "across restarts)"),
+          store: str = typer.Option("reform-store", "--store", help="folder or fsspec URL of saved contexts "
+                                    "(kept across restarts; shared by every replica)"),
           store_max_gb: Optional[float] = typer.Option(None, "--store-max-gb", help="size budget of the store; "
                                                        "least recently used contexts go first"),
           api_key: Optional[str] = typer.Option(None, "--api-key", envvar="REFORM_API_KEY",
@@ -34,36 +35,62 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
           model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
-          dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt):
+          dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
+          ray: bool = typer.Option(False, "--ray", help="run --replicas copies as Ray Serve replicas"),
+          address: Optional[str] = typer.Option(None, "--address", envvar="RAY_ADDRESS",
+                                                help="the Ray cluster (default: $RAY_ADDRESS, else a local one)"),
+          replicas: int = typer.Option(2, "--replicas", min=1, help="Ray Serve replicas (with --ray)"),
+          threads_per_replica: int = typer.Option(1, "--threads-per-replica", min=1, help="CPUs per replica "
+                                                  "(with --ray)")):
     """Serve the model over an OpenAI-compatible API (chat completions, saved contexts)."""
-    import uvicorn
-
     from ..server import Settings, build_app
-    from ..store import ContextFileError
+    from ..store import ContextFileError, ContextStore
     try:
         if store_max_gb is not None and not store_max_gb > 0:      # (NaN too)
             raise CliError("--store-max-gb must be positive")
         if not (max_body_mb > 0 and timeout > 0):
             raise CliError("--max-body-mb and --timeout must be positive")
-        store = checked_output(store, "--store", folder=True)
+        if "://" not in store:
+            store = str(checked_output(Path(store), "--store", folder=True).resolve())
+        ContextStore(store)                         # refuse an unusable store before the model loads
         if api_key is not None and not api_key.strip():
             raise CliError("--api-key is empty")
         check_port_free(host, port)
-        pipe = build_pipeline(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
-                              True, parse_options(option))
+        load = load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype, True,
+                            parse_options(option))
         settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens)
-        web = build_app(pipe, store, store_max_bytes=None if store_max_gb is None else int(store_max_gb * 2**30),
-                        queue_size=queue_size, memory_contexts=memory_contexts, settings=settings)
+        options = {"store_max_bytes": None if store_max_gb is None else int(store_max_gb * 2**30),
+                   "queue_size": queue_size, "memory_contexts": memory_contexts}
+        if ray:
+            check_load_options(load)
+            return serve_on_ray(load, store, options, settings, host, port, address, replicas, threads_per_replica)
+        pipe = pipeline_from(load)
+        web = build_app(pipe, store, settings=settings, **options)
     except ContextFileError as e:
         fail(CliError(str(e)))
     except CliError as e:
         fail(e)
-    err.print(f"serving {pipe.model_name} ({pipe.method.name}) on http://{host}:{port}/v1 · store {store.resolve()}"
+    import uvicorn
+    err.print(f"serving {pipe.model_name} ({pipe.method.name}) on http://{host}:{port}/v1 · store {store}"
               + (" · API key required" if api_key else ""), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+
+
+def serve_on_ray(load: dict, store: str, options: dict, settings, host: str, port: int, address: str | None,
+                 replicas: int, threads_per_replica: int) -> None:
+    """Serve the same API from ``replicas`` Ray Serve replicas over one store, until interrupted."""
+    from ..cluster import serve as cluster_serve
+    from .encode import connect_ray
+    connect_ray(address)
+    err.print(f"serving {load.get('model') or 'the default model'} ({load['method']}) on http://{host}:{port}/v1 "
+              f"from {replicas} Ray Serve replicas · store {store}" + (" · API key required" if settings.api_key
+                                                                        else ""), highlight=False)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cluster_serve.run(load, store, host=host, port=port, replicas=replicas, threads_per_replica=threads_per_replica,
+                      options=options, settings=settings, blocking=True)
 
 
 def check_port_free(host: str, port: int) -> None:

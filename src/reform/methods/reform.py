@@ -11,6 +11,12 @@
    original order.
 3. **Recompute** (§3.3): the gathered tokens + the question run through the full model at fresh
    contiguous positions, and the answer is generated from that cache.
+
+Experimental, not in the paper: ``segments`` = S > 1 splits the input into S segments that are encoded
+independently, each after the input's first chunk as an anchor (as Star Attention, arXiv 2411.17116,
+does for full attention), so S workers can encode one document at once (``Pipeline.segment_runner``);
+their embeddings are concatenated and the last segment's cache serves the question. S = 1 is the
+sequential encode above.
 """
 
 from __future__ import annotations
@@ -62,6 +68,19 @@ def gather_indices(scores: torch.Tensor, budget: int, keep_first: int, keep_last
     return top_budget(scores[None], budget, forced[None])[0]
 
 
+def segment_pieces(ids: torch.Tensor, segments: int, anchor: int) -> list[tuple[torch.Tensor, int, bool]]:
+    """The inputs of a segment-parallel encode: ``(ids, skip, last)`` per segment, where every segment
+    after the first starts with the ``anchor`` first tokens (``skip`` of them, whose embeddings are not
+    kept) and segment boundaries fall on multiples of ``anchor`` (the chunk size). Fewer segments when the
+    input is too short for ``segments`` of at least one chunk each."""
+    n = ids.shape[0]
+    chunks = -(-n // anchor)
+    segments = max(1, min(segments, chunks))
+    starts = [anchor * (chunks * i // segments) for i in range(segments)] + [n]
+    return [(ids[a:b] if a == 0 else torch.cat([ids[:anchor], ids[a:b]]), 0 if a == 0 else anchor,
+             i == segments - 1) for i, (a, b) in enumerate(zip(starts, starts[1:]))]
+
+
 @dataclass
 class ReformConfig:
     """REFORM's knobs. ``None`` means: derive from the model's window (``resolve``).
@@ -84,6 +103,7 @@ class ReformConfig:
     pool_window: int = 129
     score_window: int = 128
     embed_dtype: torch.dtype = torch.float16
+    segments: int = 1                   # experimental segment-parallel encode (module docstring)
 
     def resolve(self, shape: ModelShape) -> "ReformConfig":
         w, keep = shape.window, keep_default(shape)
@@ -107,6 +127,8 @@ class ReformConfig:
         require_keep("recompute", self.recompute_budget, self.gather_keep, self.gather_keep)
         if self.pool_window < 1 or self.pool_window % 2 == 0:
             raise ValueError(f"pool window must be a positive odd number, got {self.pool_window}")
+        if self.segments < 1:
+            raise ValueError(f"segments must be at least 1, got {self.segments}")
 
 
 @register
@@ -131,12 +153,36 @@ class Reform(Method):
         c = self.config
         if ids.shape[0] <= c.recompute_budget:   # everything will be recomputed: nothing to compress
             return Context(pipe, self, ids)
+        pieces = segment_pieces(ids, c.segments, c.chunk_size)
+        if len(pieces) == 1:
+            data, cache = self.encode_segment(pipe, ids, 0, progress)
+        else:
+            run = pipe.segment_runner or (lambda todo: [self.encode_segment(pipe, p, skip, progress, last)
+                                                        for p, skip, last in todo])
+            parts = run(pieces)
+            data, cache = torch.cat([d.to(ids.device) for d, _ in parts]), parts[-1][1]
+        emb = HeadEmbeddings.from_data(list(c.heads), pipe.engine.shape, data)
+        return Context(pipe, self, ids, cache=cache, state=emb)
+
+    def encode_segment(self, pipe: "Pipeline", ids: torch.Tensor, skip: int,
+                       progress: Callable[[int], None] | None = None, keep_cache: bool = True):
+        """Compress ``ids`` chunk by chunk (§3.1) and return the retrieval embeddings of ``ids[skip:]``
+        (``skip``: the anchor's tokens) and the final compressed cache (None unless ``keep_cache``)."""
+        c = self.config
         emb = HeadEmbeddings(list(c.heads), pipe.engine.shape, ids.shape[0], ids.device, c.embed_dtype)
         cache = KVCache.empty(emb.exit_layer)
         policy = H2O(c.cache_budget, c.keep_first, c.keep_last, c.score_window)
+        if progress is not None and skip:          # the anchor is not part of this segment's progress
+            left, report = [skip], progress
+
+            def progress(n: int) -> None:
+                counted = max(0, n - left[0])
+                left[0] = max(0, left[0] - n)
+                if counted:
+                    report(counted)
         pipe.engine.prefill(ids, cache, chunk_size=c.chunk_size, hook=emb, policy=policy, qkv_only_next=True,
                             progress=progress)
-        return Context(pipe, self, ids, cache=cache, state=emb)
+        return emb.data[skip:], (cache if keep_cache else None)
 
     def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
         return {} if ctx.state is None else {"embeddings": ctx.state.data}

@@ -7,6 +7,9 @@
   in the background; ``GET /v1/contexts[/{id}]`` shows status and progress; ``DELETE`` removes.
 - ``GET /v1/models``, ``GET /health``.
 
+Every response names the process that answered in an ``X-Reform-Worker: HOST/PID`` header (behind a load
+balancer or Ray Serve, which replica it was).
+
 Every error is one JSON object in OpenAI's error shape with a fitting status: 400 bad request, 401
 without the API key, 404 unknown model or context, 413 too large, 503 (with ``Retry-After``) when the
 queue is full, 504 past the per-request timeout. Talks to the model only through ``Worker``.
@@ -19,6 +22,8 @@ import copy
 import hashlib
 import hmac
 import json
+import os
+import socket
 import threading
 import time
 import uuid
@@ -78,6 +83,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     keys = Keys(pipe)
     history_limit = pipe.engine.shape.window // 8     # tokens of later turns that may ride with a question
     pending: dict[str, object] = {}                    # key -> background encode job
+    worker_name = f"{socket.gethostname()}/{os.getpid()}"
     app = FastAPI(title="reform", version="1", docs_url=None, redoc_url=None)
 
     @app.exception_handler(ApiError)
@@ -97,7 +103,9 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
             e = ApiError(413, f"request body of {int(length)} bytes is over the limit of {settings.max_body_bytes}",
                          code="request_too_large")
             return JSONResponse(e.body(), status_code=413)
-        return await call_next(request)
+        response = await call_next(request)
+        response.headers["X-Reform-Worker"] = worker_name
+        return response
 
     # ------------------------------------------------------------------ helpers
     async def body_bytes(request: Request) -> bytes:

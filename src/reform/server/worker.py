@@ -131,7 +131,8 @@ class Worker:
                 return self.loaded[key], False
         if self.store.has(key):
             try:
-                ctx = self.pipe.load_context(self.store.path(key))
+                with self.store.open_local(key) as path:
+                    ctx = self.pipe.load_context(path)
                 self.store.touch(key)
                 self._remember(key, ctx)
                 return ctx, False
@@ -196,7 +197,7 @@ class Worker:
             m = self.store.manifest(key)
         except ContextFileError as e:
             return ContextStatus(key, "failed", 0, error=str(e), bytes=entry.bytes, created=int(entry.last_used))
-        created = status.created if status is not None else int(entry.path.stat().st_mtime)
+        created = status.created if status is not None else int(entry.last_used)
         return ContextStatus(key, "ready", m.get("tokens", 0), m.get("tokens", 0), created,
                              (m.get("encode") or {}).get("seconds"), entry.bytes,
                              method=(m.get("method") or {}).get("name"))

@@ -1,16 +1,26 @@
-"""A folder of saved contexts addressed by content (``Pipeline.context_key``): ``KEY.reform`` files, the
-least recently used removed first when the folder outgrows its size budget. Survives restarts: the
-folder is the whole state (a file's modification time is its last use)."""
+"""A store of saved contexts addressed by content (``Pipeline.context_key``): ``KEY.reform`` files in one
+folder, the least recently used removed first when the folder outgrows its size budget. Survives
+restarts: the folder is the whole state (a file's modification time is its last use).
+
+The folder is a local path or any fsspec URL (``file://``, ``s3://bucket/contexts``, ``gs://``, a shared
+filesystem, ``memory://`` in tests), so every worker of a cluster can read and write one store. A write
+is whole or absent on every backend: the file is written under a hidden temporary name and then renamed
+(locally: fsynced and ``os.replace``; remotely: uploaded, then moved), and readers list only final names.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-from .format import ContextFileError, read_manifest
+from .format import ContextFileError, read_manifest, read_manifest_bytes
 
 SUFFIX = ".reform"
 _KEY = re.compile(r"[0-9a-f]{32}")
@@ -19,22 +29,60 @@ _KEY = re.compile(r"[0-9a-f]{32}")
 @dataclass
 class StoredContext:
     key: str
-    path: Path
+    path: str
     bytes: int
     last_used: float
 
 
-class ContextStore:
-    """``put``/``path``/``touch``/``delete`` by key; ``max_bytes`` bounds the folder (None: unbounded)."""
+def _is_url(location: str) -> bool:
+    return "://" in location or "::" in location
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int | None = None):
-        self.root = Path(root).expanduser()
+
+def open_filesystem(location: str | os.PathLike):
+    """``(fs, root)`` of a local folder or an fsspec URL; a one-line ``ContextFileError`` when the URL's
+    protocol is unknown or its package (s3fs, gcsfs, ...) is not installed."""
+    import fsspec
+    location = str(location)
+    if not _is_url(location):
+        location = str(Path(location).expanduser().resolve())
+    try:
+        fs, root = fsspec.core.url_to_fs(location)
+    except (ImportError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ContextFileError(f"cannot use {location} as a context store: {first}") from None
+    return fs, root.rstrip("/") or "/"
+
+
+def _mtime(info: dict) -> float:
+    """A file's modification time from an fsspec ``info`` dict, whatever the backend calls it."""
+    for name in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return 0.0
+
+
+class ContextStore:
+    """``put``/``has``/``open_local``/``touch``/``delete`` by key; ``max_bytes`` bounds the folder (None:
+    unbounded). ``location`` is a local folder or an fsspec URL."""
+
+    def __init__(self, location: str | os.PathLike, max_bytes: int | None = None):
+        from fsspec.implementations.local import LocalFileSystem
+        self.fs, self.root = open_filesystem(location)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.url = self.root if self.local else self.fs.unstrip_protocol(self.root)
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
         except OSError as e:
-            raise ContextFileError(f"cannot use {self.root} as a context store: {e.strerror or e}") from None
-        if not os.access(self.root, os.W_OK):
-            raise ContextFileError(f"cannot use {self.root} as a context store: it is not writable")
+            raise ContextFileError(f"cannot use {self.url} as a context store: {e.strerror or e}") from None
+        if self.local and not os.access(self.root, os.W_OK):
+            raise ContextFileError(f"cannot use {self.url} as a context store: it is not writable")
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError("the store's size budget must be positive")
         self.max_bytes = max_bytes
@@ -43,55 +91,115 @@ class ContextStore:
     def valid_key(key: str) -> bool:
         return isinstance(key, str) and _KEY.fullmatch(key) is not None
 
-    def path(self, key: str) -> Path:
+    def location(self, key: str) -> str:
+        """Where ``key``'s file is on the store's filesystem (a path for fsspec calls)."""
         if not self.valid_key(key):
             raise KeyError(key)
-        return self.root / f"{key}{SUFFIX}"
+        return f"{self.root}/{key}{SUFFIX}"
+
+    def path(self, key: str) -> Path:
+        """The local file of ``key`` (local stores only; use ``open_local`` for any store)."""
+        if not self.local:
+            raise ValueError(f"{self.url} is not a local folder; use open_local()")
+        return Path(self.location(key))
 
     def has(self, key: str) -> bool:
-        return self.valid_key(key) and self.path(key).is_file()
+        return self.valid_key(key) and self.fs.isfile(self.location(key))
 
     def get(self, key: str) -> StoredContext | None:
-        if not self.has(key):
+        if not self.valid_key(key):
             return None
-        st = self.path(key).stat()
-        return StoredContext(key, self.path(key), st.st_size, st.st_mtime)
+        try:
+            info = self.fs.info(self.location(key))
+        except FileNotFoundError:
+            return None
+        return StoredContext(key, self.location(key), int(info.get("size") or 0), _mtime(info))
 
     def manifest(self, key: str) -> dict:
-        return read_manifest(self.path(key))
+        """The file's manifest, reading only its header (no tensors are fetched from a remote store)."""
+        if self.local:
+            return read_manifest(self.location(key))
+        try:
+            with self.fs.open(self.location(key), "rb") as f:
+                return read_manifest_bytes(f, f"{self.url}/{key}{SUFFIX}")
+        except FileNotFoundError:
+            raise ContextFileError(f"saved context not found: {self.url}/{key}{SUFFIX}") from None
+
+    @contextlib.contextmanager
+    def open_local(self, key: str) -> Iterator[Path]:
+        """A local file holding ``key``'s context for as long as the ``with`` lasts: the file itself in a
+        local store, a downloaded copy (removed afterwards) in a remote one."""
+        if self.local:
+            yield Path(self.location(key))
+            return
+        with tempfile.TemporaryDirectory(prefix="reform-context-") as folder:
+            copy = Path(folder) / f"{key}{SUFFIX}"
+            try:
+                self.fs.get_file(self.location(key), str(copy))
+            except FileNotFoundError:
+                raise ContextFileError(f"saved context not found: {self.url}/{key}{SUFFIX}") from None
+            yield copy
 
     def touch(self, key: str) -> None:
-        """Mark ``key`` as just used (the size budget removes the least recently used first)."""
+        """Mark ``key`` as just used (the size budget removes the least recently used first). Backends
+        that cannot change a file's time without rewriting it (object stores) keep its upload time."""
         try:
-            os.utime(self.path(key))
+            if self.local:
+                os.utime(self.location(key))
         except OSError:
             pass
 
     def put(self, key: str, ctx) -> int:
         """Save ``ctx`` (anything with ``save(path)``) under ``key``; then enforce the size budget, never
         removing ``key`` itself. Returns the file's size."""
-        size = ctx.save(self.path(key))
+        if self.local:
+            size = ctx.save(self.location(key))
+        else:
+            size = self._upload(key, ctx)
         self.enforce_budget(keep={key})
+        return size
+
+    def _upload(self, key: str, ctx) -> int:
+        """Write locally, upload under a hidden name, then move into place: readers never see a part."""
+        final = self.location(key)
+        hidden = f"{self.root}/.{key}{SUFFIX}.{uuid.uuid4().hex[:8]}.tmp"
+        with tempfile.TemporaryDirectory(prefix="reform-context-") as folder:
+            size = ctx.save(Path(folder) / f"{key}{SUFFIX}")
+            try:
+                self.fs.put_file(str(Path(folder) / f"{key}{SUFFIX}"), hidden)
+                self.fs.mv(hidden, final)
+            except OSError as e:
+                raise ContextFileError(f"cannot write {self.url}/{key}{SUFFIX}: {e.strerror or e}") from None
+            finally:
+                with contextlib.suppress(OSError):
+                    if self.fs.exists(hidden):
+                        self.fs.rm_file(hidden)
         return size
 
     def delete(self, key: str) -> bool:
         try:
-            self.path(key).unlink()
+            self.fs.rm_file(self.location(key))
             return True
         except (FileNotFoundError, KeyError):
             return False
 
+    def _listing(self) -> list[dict]:
+        try:
+            return self.fs.ls(self.root, detail=True, refresh=True) if not self.local else \
+                self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        except TypeError:       # a backend whose ls takes no ``refresh``
+            return self.fs.ls(self.root, detail=True)
+
     def entries(self) -> list[StoredContext]:
         """Every stored context, most recently used first (half-written temporary files are not listed)."""
         out = []
-        for p in self.root.glob(f"*{SUFFIX}"):
-            key = p.name[:-len(SUFFIX)]
-            if self.valid_key(key):
-                try:
-                    st = p.stat()
-                except FileNotFoundError:    # removed meanwhile
-                    continue
-                out.append(StoredContext(key, p, st.st_size, st.st_mtime))
+        for info in self._listing():
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            key = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
+            if self.valid_key(key) and info.get("type", "file") == "file":
+                out.append(StoredContext(key, self.location(key), int(info.get("size") or 0), _mtime(info)))
         return sorted(out, key=lambda e: e.last_used, reverse=True)
 
     def total_bytes(self) -> int:
@@ -113,12 +221,19 @@ class ContextStore:
                 removed.append(e.key)
         return removed
 
-    def remove_stale_temporaries(self, older_than_s: float = 3600) -> None:
-        """Temporary files of writes that were killed mid-way (a normal write removes its own)."""
-        now = time.time()
-        for p in self.root.glob(f".*{SUFFIX}.*.tmp"):
-            try:
-                if now - p.stat().st_mtime > older_than_s:
-                    p.unlink()
-            except FileNotFoundError:
-                pass
+    def temporaries(self) -> list[dict]:
+        """Hidden files of writes in progress, or of writers that were killed mid-way."""
+        return [info for info in self._listing()
+                if re.fullmatch(rf"\.[0-9a-f]{{32}}{re.escape(SUFFIX)}\.[0-9a-f]{{8}}\.tmp",
+                                info["name"].rstrip("/").rsplit("/", 1)[-1])]
+
+    def remove_stale_temporaries(self, older_than_s: float = 3600) -> int:
+        """Remove temporaries older than ``older_than_s`` (0: all of them, for when no write is running);
+        a normal write removes its own. Returns how many were removed."""
+        now, removed = time.time(), 0
+        for info in self.temporaries():
+            if now - _mtime(info) >= older_than_s:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(info["name"])
+                    removed += 1
+        return removed

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -68,7 +69,7 @@ def write_context_file(path: str | os.PathLike, tensors: dict[str, torch.Tensor]
         raise ContextFileError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def _unreadable(path: Path, why: object) -> ContextFileError:
+def _unreadable(path, why: object) -> ContextFileError:
     first = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
     return ContextFileError(f"{path} is not a readable saved context (truncated or corrupted?): {first}")
 
@@ -85,9 +86,33 @@ def read_manifest(path: str | os.PathLike) -> dict:
             metadata = f.metadata() or {}
     except Exception as e:   # safetensors raises its own error type for every malformed header
         raise _unreadable(path, e) from None
+    return _checked_manifest(metadata, path)
+
+
+MAX_HEADER = 100 << 20     # safetensors' own cap on a header's size
+
+
+def read_manifest_bytes(f: BinaryIO, name: str) -> dict:
+    """The manifest from an open file (e.g. on a remote store), reading only the safetensors header: an
+    8-byte little-endian length, then that many bytes of JSON whose ``__metadata__`` holds the manifest."""
+    head = f.read(8)
+    size = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if not 0 < size <= MAX_HEADER:
+        raise _unreadable(name, "no safetensors header")
+    raw = f.read(size)
+    try:
+        header = json.loads(raw) if len(raw) == size else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise _unreadable(name, "its safetensors header is cut off or not JSON")
+    return _checked_manifest(header.get("__metadata__") or {}, name)
+
+
+def _checked_manifest(metadata: dict, path) -> dict:
     try:
         manifest = json.loads(metadata[MANIFEST_KEY])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, TypeError):
         raise ContextFileError(f"{path} is a safetensors file but not a saved reform context") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ContextFileError(f"{path} is a safetensors file but not a saved reform context")

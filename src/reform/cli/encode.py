@@ -1,0 +1,161 @@
+"""``reform encode``: one document to a file (``--out``), or a corpus into a store of saved contexts
+(``--store``), in this process or on a Ray cluster (``--ray``; see ``reform.cluster``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .main import (CacheOpt, ChatTemplateOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt,
+                   ModelOpt, OptionOpt, RecomputeOpt, app, check_load_options, checked_output,
+                   encode_text, err, fail, load_options, on_interrupt, parse_options, pipeline_from,
+                   read_text_file)
+
+
+@app.command()
+def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --store also a folder, a glob "
+                                        "('docs/*.txt') or an fsspec URL ('s3://bucket/docs/')"),
+           output: Optional[Path] = typer.Option(None, "--out", "-o", help="save the one document's context "
+                                                 "here, e.g. book.reform"),
+           store: Optional[str] = typer.Option(None, "--store", help="store every document's context in this "
+                                               "folder or fsspec URL, named by content (re-runs skip stored ones)"),
+           ray: bool = typer.Option(False, "--ray", help="one task per document on a Ray cluster"),
+           address: Optional[str] = typer.Option(None, "--address", envvar="RAY_ADDRESS",
+                                                 help="the Ray cluster (default: $RAY_ADDRESS, else a local one)"),
+           workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Ray actors, each loading the "
+                                                 "model once (default: the cluster's CPUs / --threads-per-worker)"),
+           threads_per_worker: int = typer.Option(1, "--threads-per-worker", min=1, help="CPUs per Ray actor"),
+           as_json: bool = typer.Option(False, "--json", help="print one JSON object with the result"),
+           model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
+           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
+           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
+           dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
+           chat_template: bool = ChatTemplateOpt):
+    """Encode documents once and save their contexts; ask them later with `reform ask --context FILE`
+    or through `reform serve --store`."""
+    load = None
+    try:
+        if (output is None) == (store is None):
+            raise CliError("give --out FILE (one document) or --store FOLDER_OR_URL (one or many documents)")
+        if ray and store is None:
+            raise CliError("--ray encodes into a store: give --store FOLDER_OR_URL")
+        load = load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
+                            chat_template, parse_options(option))
+    except CliError as e:
+        fail(e)
+    if output is not None:
+        encode_one(Path(source), output, load, as_json)
+    else:
+        encode_corpus(source, store, load, ray, address, workers, threads_per_worker, as_json)
+
+
+def encode_one(file: Path, output: Path, load: dict, as_json: bool) -> None:
+    from ..store import ContextFileError
+    try:
+        output = checked_output(output, "--out", folder=False)
+        on_interrupt(f"nothing was written ({output} is as it was); run the command again to encode from the start")
+        text = read_text_file(file)
+        pipe = pipeline_from(load)
+        ctx = encode_text(pipe, text, as_json)
+        t = time.perf_counter()
+        size = ctx.save(output)
+        save_s = time.perf_counter() - t
+    except ContextFileError as e:
+        fail(CliError(str(e)))
+    except CliError as e:
+        fail(e)
+    n = int(ctx.ids.shape[0])
+    result = {"path": str(output), "method": pipe.method.name, "tokens": n, "encode_seconds": round(ctx.encode_seconds, 3),
+              "save_seconds": round(save_s, 3), "bytes": size, "bytes_per_token": round(size / n, 1)}
+    if as_json:
+        print(json.dumps(result))
+    else:
+        err.print(f"saved {output}: {n} tokens encoded in {ctx.encode_seconds:.1f} s ({pipe.method.name}), "
+                  f"{size / 2**20:.1f} MiB on disk ({size / n:.0f} bytes per token)")
+
+
+def encode_corpus(source: str, store: str, load: dict, ray: bool, address: str | None, workers: int | None,
+                  threads_per_worker: int, as_json: bool) -> None:
+    from ..cluster import encode as cluster
+    from ..documents import DocumentError, find_documents
+    from ..store import ContextFileError, ContextStore
+    try:
+        documents = find_documents(source)
+        ContextStore(store)                        # refuse an unusable store before any model loads
+        check_load_options(load)
+        on_interrupt(f"contexts already written to {store} stay there; run the command again to encode the rest")
+        if ray:
+            connect_ray(address)
+        with corpus_progress(len(documents), as_json) as (on_event, on_result):
+            if ray:
+                run = lambda: cluster.encode_on_ray(documents, store, load, workers=workers,
+                                                    threads_per_worker=threads_per_worker, on_event=on_event,
+                                                    on_result=on_result)
+            else:
+                run = lambda: cluster.encode_in_process(documents, store, load, on_event, on_result)
+            results, seconds = cluster.timed(run)
+    except (DocumentError, ContextFileError) as e:
+        fail(CliError(str(e)))
+    except CliError as e:
+        fail(e)
+    except Exception as e:
+        if type(e).__module__.startswith("ray."):          # e.g. a worker whose model would not load
+            fail(CliError(f"the Ray cluster failed: {str(e).strip().splitlines()[0] if str(e).strip() else e}"))
+        raise
+    summary = {"store": store, "ray": ray, **cluster.summary(results, seconds)}
+    if as_json:
+        print(json.dumps({**summary, "results": [r.to_json() for r in results]}))
+    else:
+        for r in results:
+            if r.status == "failed":
+                err.print(f"[bold red]failed:[/] {r.document}: {r.error}", highlight=False)
+        err.print(f"{summary['encoded']} encoded, {summary['stored']} already stored, {summary['failed']} failed "
+                  f"of {summary['documents']} documents ({summary['tokens_encoded']} tokens) in {seconds:.1f} s "
+                  f"into {store}", highlight=False)
+    if summary["failed"]:
+        raise typer.Exit(1)
+
+
+def connect_ray(address: str | None) -> None:
+    """Join the cluster at ``address`` (or $RAY_ADDRESS), else start a local one for this run."""
+    try:
+        import ray
+    except ImportError:
+        raise CliError("--ray needs Ray: pip install 'reform-longcontext[ray]'") from None
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 ignore_reinit_error=True)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise CliError(f"cannot connect to the Ray cluster at {address or 'a new local cluster'}: "
+                       f"{str(e).strip().splitlines()[0]}") from None
+
+
+@contextmanager
+def corpus_progress(total: int, quiet: bool):
+    """One bar for documents and one for tokens, fed by every worker's events; yields the callbacks."""
+    tokens_done: dict[str, int] = {}
+    if quiet or not err.is_terminal:
+        yield (lambda event: None), (lambda result: None)
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        docs = bar.add_task("documents", total=total)
+        tokens = bar.add_task("tokens", total=0)
+
+        def on_event(event):
+            kind, document, n, _ = event
+            if kind == "start":             # a retried document starts over
+                bar.update(tokens, total=bar.tasks[tokens].total + n - (n if document in tokens_done else 0),
+                           advance=-tokens_done.get(document, 0))
+                tokens_done[document] = 0
+            else:
+                tokens_done[document] = tokens_done.get(document, 0) + n
+                bar.advance(tokens, n)
+
+        yield on_event, (lambda result: bar.advance(docs, 1))
