@@ -45,9 +45,9 @@ def write_documents(folder: Path, count: int, length: int, seed: int) -> list[di
         needle = magic_number_needle(rng)
         depth = (i + 0.5) / count
         path = folder / f"doc{i:03d}.txt"
-        if not path.exists():
-            text = insert_needle(haystack(length, lambda t: len(tok(t, add_special_tokens=False)["input_ids"]),
-                                          rng=rng), needle.sentence, depth)
+        text = insert_needle(haystack(length, lambda t: len(tok(t, add_special_tokens=False)["input_ids"]), rng=rng),
+                             needle.sentence, depth)       # drawn every time: the needles follow the same draws
+        if not path.exists() or path.read_text() != text:
             path.write_text(text)
         docs.append({"path": str(path), "question": needle.question, "answer": needle.answer,
                      "answer_prefix": needle.answer_prefix, "depth": depth})
@@ -66,7 +66,8 @@ def answers(store: Path, results: list[dict], docs: list[dict]) -> list[bool]:
     """Ask every stored context its needle's question (one process, the stored files)."""
     from reform.pipeline import Pipeline
     from reform.store import ContextStore
-    pipe, st, by_path, ok = Pipeline.load(), ContextStore(str(store)), {d["path"]: d for d in docs}, []
+    pipe, st, ok = Pipeline.load(), ContextStore(str(store)), []
+    by_path = {str(Path(d["path"]).absolute()): d for d in docs}
     for r in results:
         d = by_path[r["document"]]
         with st.open_local(r["key"]) as file:
@@ -119,7 +120,12 @@ def main() -> None:
         if config in finished:
             continue
         store = args.out / "stores" / config.replace(" ", "_").replace(",", "").replace(":", "").replace("=", "")
-        result = encode(source, store, extra)
+        saved = args.out / f"{store.name}.json"       # the encode's own report, kept if answering fails
+        if saved.exists():
+            result = json.loads(saved.read_text())
+        else:
+            result = encode(source, store, extra)
+            saved.write_text(json.dumps(result))
         ok = answers(store, [r for r in result["results"] if r["status"] == "encoded"], docs)
         row = {"config": config, **machine, "documents": result["documents"], "encoded": result["encoded"],
                "tokens": result["tokens_encoded"], "seconds": result["seconds"],
