@@ -245,3 +245,32 @@ def test_bad_requests_get_openai_errors(live, body, status, words):
     payload = {"model": "reform", "messages": DOC_CHAT, **body}
     r = httpx.post(f"{live.url}/v1/chat/completions", json=payload, timeout=60)
     assert r.status_code == status and words in r.json()["error"]["message"]
+
+
+def test_two_servers_on_one_store_see_each_others_encodes(store):
+    """Replicas share only the store: an upload to one is never 'not found' on the other while it encodes
+    (a status note in the store), the other's chat naming it waits for it, and a stale note (its encoder
+    gone) reads as failed."""
+    import json
+    long_doc = DOC * 6
+    expected = make_pipe().encode(long_doc).ask(QUESTION, max_new_tokens=10).text
+    with LiveServer(make_pipe(), store) as a, LiveServer(make_pipe(), store) as b, \
+            httpx.Client(base_url=a.url, timeout=60) as http_a, httpx.Client(base_url=b.url, timeout=60) as http_b:
+        key = http_a.post("/v1/contexts", json={"text": long_doc}).json()["id"]
+        seen = []
+        while (r := http_b.get(f"/v1/contexts/{key}")).json()["status"] != "ready":
+            assert r.status_code == 200
+            seen.append(r.json()["status"])
+        assert set(seen) <= {"queued", "encoding"}
+        assert http_b.post("/v1/contexts", json={"text": long_doc}).json()["status"] == "ready"   # not re-encoded
+        answer = b.client().chat.completions.create(model="reform", max_tokens=10, extra_body={"context_id": key},
+                                                    messages=[{"role": "user", "content": QUESTION}])
+        assert answer.choices[0].message.content == expected
+        assert a.worker.encoded == 1 and b.worker.encoded == 0
+        assert not any(p.name.endswith(".status.json") for p in store.iterdir())     # dropped once stored
+        other = "f" * 32          # a note left by a replica that died mid-encode
+        (store / f"{other}.status.json").write_text(json.dumps({"status": "encoding", "tokens": 5, "updated": 0}))
+        assert http_b.get(f"/v1/contexts/{other}").json()["status"] == "failed"
+        (store / f"{other}.status.json").write_text(json.dumps({"status": "encoding", "tokens": 5,
+                                                                 "updated": time.time()}))
+        assert http_b.get(f"/v1/contexts/{other}").json()["status"] == "encoding"

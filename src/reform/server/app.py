@@ -127,6 +127,22 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     def known(key: str) -> bool:
         return key in worker.loaded or worker.store.has(key) or key in pending
 
+    def encoding_elsewhere(key: str) -> bool:
+        """Another process sharing the store (a replica) has ``key`` queued or encoding."""
+        s = worker.elsewhere(key)
+        return s is not None and s.status in ("queued", "encoding")
+
+    async def stored_elsewhere(key: str) -> bool:
+        """Wait while another replica encodes ``key``; True once it is stored."""
+        deadline = time.monotonic() + settings.request_timeout
+        while encoding_elsewhere(key):
+            if time.monotonic() > deadline:
+                raise ApiError(504, f"context {key} is still being encoded by another replica", code="timeout")
+            await asyncio.sleep(0.5)
+            if worker.store.has(key):
+                return True
+        return worker.store.has(key)
+
     def submit(fn, *, stream: bool = False):
         try:
             return worker.submit(fn, stream=stream)
@@ -191,7 +207,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
         messages whose later turns fit beside the question, else all earlier messages (encoded once)."""
         earlier = conv.earlier
         if context_id is not None:
-            if not worker.store.valid_key(context_id) or not known(context_id):
+            if not worker.store.valid_key(context_id) or not (known(context_id) or await stored_elsewhere(context_id)):
                 raise ApiError(404, f"context {context_id} not found", param="context_id", code="context_not_found")
             return context_id, None, await fit_history(earlier, conv.question)
         if not earlier:
@@ -340,7 +356,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     async def create_context(request: Request):
         text = await upload_text(request)
         key, n = await key_of(text)
-        if key in worker.loaded or worker.store.has(key) or key in pending:
+        if known(key) or encoding_elsewhere(key):         # (another replica's encode is not repeated)
             s = status_of(key)
             return JSONResponse(s.to_json(), status_code=200 if s.status == "ready" else 202)
         worker.status[key] = ContextStatus(key, "queued", n, method=pipe.method.name)
@@ -350,6 +366,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
             worker.status.pop(key, None)
             raise
         pending[key] = job
+        worker.publish(key)
         job.future.add_done_callback(lambda f: (pending.pop(key, None), f.exception()))
         return JSONResponse(status_of(key).to_json(), status_code=202)
 

@@ -78,6 +78,9 @@ class Job:
             pass
 
 
+STALE_NOTE_S = 600      # an encode elsewhere whose note has not changed for this long is taken as dead
+
+
 class Worker:
     """Owns ``pipe`` (a ``Pipeline``) and ``store`` (a ``ContextStore``); ``submit`` queues a job."""
 
@@ -151,9 +154,15 @@ class Worker:
         status.status, status.error, status.tokens_encoded = "encoding", None, 0
         status.tokens = int(self.pipe.tokenize_context(text).shape[0])
 
+        self.publish(key)
+        last = [time.monotonic()]
+
         def progress(n: int) -> None:
             job.check()
             status.tokens_encoded += n
+            if time.monotonic() - last[0] > 2:       # other replicas see the progress every few seconds
+                last[0] = time.monotonic()
+                self.publish(key)
 
         try:
             ctx = self.pipe.encode(text, progress)
@@ -161,11 +170,14 @@ class Worker:
             status.bytes = self.store.put(key, ctx)
         except Cancelled:
             status.status, status.error = "failed", "cancelled before the encode finished"
+            self.publish(key)
             raise
         except Exception as e:
             status.status, status.error = "failed", str(e).splitlines()[0] if str(e) else type(e).__name__
+            self.publish(key)
             raise
         status.status, status.encode_seconds = "ready", round(ctx.encode_seconds, 3)
+        self.store.drop_note(key)
         self.encoded += 1
         self._remember(key, ctx)
         return ctx
@@ -184,15 +196,37 @@ class Worker:
             status = self.status.pop(key, None)
         return self.store.delete(key) or in_memory or status is not None
 
+    def publish(self, key: str) -> None:
+        """Tell the other processes sharing the store how ``key``'s encode here is going."""
+        with self.lock:
+            status = self.status.get(key)
+        if status is not None:
+            self.store.write_note(key, {**status.to_json(), "updated": time.time()})
+
+    def elsewhere(self, key: str) -> ContextStatus | None:
+        """The status another process sharing the store published for ``key`` (a stale one as failed)."""
+        note = self.store.read_note(key)
+        if note is None:
+            return None
+        fields = {k: note[k] for k in ContextStatus.__dataclass_fields__ if k in note}
+        try:
+            status = ContextStatus(**{"id": key, "status": "failed", "tokens": 0, **fields})
+        except TypeError:
+            return None
+        if status.status in ("queued", "encoding") and time.time() - float(note.get("updated", 0)) > STALE_NOTE_S:
+            status.status, status.error = "failed", "the process encoding it stopped reporting"
+        return status
+
     def describe(self, key: str) -> ContextStatus | None:
-        """A context's status: in progress or failed here, else what the store's manifest says."""
+        """A context's status: in progress or failed here, else what the store's manifest says, else what
+        another process sharing the store reports."""
         with self.lock:
             status = self.status.get(key)
         if status is not None and status.status != "ready":
             return status
         entry = self.store.get(key)
         if entry is None:
-            return status
+            return status if status is not None else self.elsewhere(key)
         try:
             m = self.store.manifest(key)
         except ContextFileError as e:

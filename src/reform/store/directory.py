@@ -23,6 +23,7 @@ from typing import Iterator
 from .format import ContextFileError, read_manifest, read_manifest_bytes
 
 SUFFIX = ".reform"
+NOTE_SUFFIX = ".status.json"      # a small JSON note beside a context being encoded (see ``write_note``)
 _KEY = re.compile(r"[0-9a-f]{32}")
 
 
@@ -177,11 +178,44 @@ class ContextStore:
         return size
 
     def delete(self, key: str) -> bool:
+        self.drop_note(key)
         try:
             self.fs.rm_file(self.location(key))
             return True
         except (FileNotFoundError, KeyError):
             return False
+
+    # notes: what one process tells the others sharing the store about a context it is encoding
+    def _note(self, key: str) -> str:
+        if not self.valid_key(key):
+            raise KeyError(key)
+        return f"{self.root}/{key}{NOTE_SUFFIX}"
+
+    def write_note(self, key: str, note: dict) -> None:
+        """Publish ``note`` (JSON-able) about ``key``, replacing the last one whole."""
+        import json
+        data = json.dumps(note).encode()
+        with contextlib.suppress(OSError):
+            if self.local:
+                from ..outputs import write_atomic
+                write_atomic(self._note(key), data)
+            else:
+                self.fs.pipe_file(self._note(key), data)     # an object store's put is whole or absent
+
+    def read_note(self, key: str) -> dict | None:
+        import json
+        if not self.valid_key(key):
+            return None
+        try:
+            with self.fs.open(self._note(key), "rb") as f:
+                note = json.loads(f.read())
+        except (OSError, ValueError):
+            return None
+        return note if isinstance(note, dict) else None
+
+    def drop_note(self, key: str) -> None:
+        with contextlib.suppress(OSError, KeyError):
+            self.fs.rm_file(self._note(key))
 
     def _listing(self) -> list[dict]:
         try:
