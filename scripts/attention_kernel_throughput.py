@@ -3,8 +3,10 @@
 Encoding a 2048-token chunk against a 2048-token compressed cache costs about as many FLOPs in attention
 as in the projections and MLPs (see README "Where the time goes"). This prints the GFLOP/s of PyTorch's
 CPU flash-attention kernel on exactly those shapes (SmolLM2: 9 query heads, 3 KV heads, head dim 64),
-next to a projection-shaped matmul, so the FLOP-efficiency column of `reform bench` can be read against
-what the kernels themselves reach.
+the engine's whole chunk attention (cache + causal chunk) on each CPU path (`flash`: two flash calls
+merged by log-sum-exp; `blocked`: half-precision matmuls a block of rows at a time, see
+`reform.engine.attention`), next to a projection-shaped matmul, so the FLOP-efficiency column of
+`reform bench` can be read against what the kernels themselves reach.
 
     python scripts/attention_kernel_throughput.py [--dtype bf16|fp32] [--chunk 2048] [--cache 2048]
 """
@@ -16,7 +18,7 @@ import time
 
 import torch
 
-from reform.engine.attention import _CPU_FLASH
+from reform.engine.attention import _CPU_FLASH, _split_attention, blocked_attention
 
 
 def best_ms(fn, repeats: int = 10) -> float:
@@ -56,6 +58,12 @@ def main() -> None:
     rows.append(("flash attention, chunk x cache (no mask)", 4 * h * t * n * d, ms))
     ms = best_ms(lambda: _CPU_FLASH(q, kc, kc, is_causal=True, scale=scale))
     rows.append(("flash attention, chunk x chunk (causal)", 4 * h * t * t * d // 2, ms))
+    kf, vf = torch.cat([k, kc], 2)[0], torch.cat([v, kc], 2)[0]
+    whole = 4 * h * t * d * (n + t // 2)
+    ms = best_ms(lambda: _split_attention(q[0], kf, vf, n, scale))
+    rows.append(("chunk attention, path flash", whole, ms))
+    ms = best_ms(lambda: blocked_attention(q[0], kf, vf, n, scale))
+    rows.append(("chunk attention, path blocked", whole, ms))
     a = torch.randn(t, args.hidden, generator=gen).to(dtype)
     b = torch.randn(args.hidden, args.ffn, generator=gen).to(dtype)
     ms = best_ms(lambda: a @ b, repeats=30)

@@ -1,9 +1,10 @@
 """Equivalences that hold by construction: the engine computes what the HF model computes."""
 
+import pytest
 import torch
 
 from reform.engine import H2O, Engine, KVCache
-from reform.engine.attention import attention_received
+from reform.engine.attention import attention_received, blocked_attention, causal_attention, cpu_attention_path
 from reform.engine.rope import Rotary
 
 from conftest import tiny
@@ -21,6 +22,66 @@ def test_one_shot_prefill_matches_hf(tiny_model):
     logits = eng.logits(eng.prefill(ids, cache, chunk_size=1000))
     ref, _ = hf_forward(tiny_model, ids)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["flash", "blocked"])
+def test_chunked_prefill_matches_hf_on_every_cpu_attention_path(tiny_model, path, monkeypatch):
+    monkeypatch.setenv("REFORM_CPU_ATTENTION", path)
+    assert cpu_attention_path(torch.float32) == path
+    eng, ids = Engine(tiny_model), torch.randint(3, 128, (300,))
+    cache = KVCache.empty(eng.shape.n_layers)
+    logits = torch.cat([eng.logits(eng.forward(ids[s:s + 70], cache)) for s in range(0, 300, 70)])
+    ref, _ = hf_forward(tiny_model, ids)
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def dense_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=None):
+    """The textbook definition in float64, KV heads repeated per query head: what every path must equal."""
+    q, k, v = q.double(), k.double(), v.double()
+    rep = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+    q_pos, k_pos = (start + torch.arange(q.shape[1]))[:, None], torch.arange(k.shape[1])[None]
+    allowed = k_pos <= q_pos if window is None else (k_pos <= q_pos) & (k_pos > q_pos - window)
+    logits = q @ k.transpose(1, 2) * scaling
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks.double().view(-1, 1, 1).expand(-1, q.shape[1], 1)
+        return (torch.cat([logits, sink], -1).softmax(-1)[..., :-1] @ v)
+    return logits.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("start,t,rows,window,softcap,sinks", [
+    (0, 50, 384, None, None, False),      # first chunk: causal over itself
+    (37, 50, 12, None, None, False),      # blocks of 4 positions x 3 heads, ragged last block
+    (37, 50, 1, None, None, False),       # one row per block (rows < heads per group)
+    (100, 9, 30, 16, None, False),        # sliding window narrower than the block's reach
+    (60, 40, 24, None, 3.0, True),        # soft cap and sinks
+])
+def test_blocked_attention_equals_the_definition(start, t, rows, window, softcap, sinks):
+    gen = torch.Generator().manual_seed(start + t)
+    q, k, v = (torch.randn(6, t, 16, generator=gen) * 2, torch.randn(2, start + t, 16, generator=gen),
+               torch.randn(2, start + t, 16, generator=gen))
+    sink_logits = torch.randn(6, generator=gen) if sinks else None
+    ref = dense_attention(q, k, v, start, 0.3, window, softcap, sink_logits)
+    got = blocked_attention(q, k, v, start, 0.3, window, softcap, sink_logits, rows=rows)
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+    # half precision (the default CPU path for bf16): within bf16 rounding of the definition
+    half = blocked_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), start, 0.3, window, softcap,
+                             sink_logits, rows=rows)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.double(), ref, atol=0.05, rtol=0.05)
+
+
+def test_cpu_attention_path_is_chosen_by_dtype_and_can_be_forced(monkeypatch):
+    monkeypatch.delenv("REFORM_CPU_ATTENTION", raising=False)
+    assert cpu_attention_path(torch.float32) == "flash" and cpu_attention_path(torch.bfloat16) == "blocked"
+    monkeypatch.setenv("REFORM_CPU_ATTENTION", "flash")
+    assert cpu_attention_path(torch.bfloat16) == "flash"
+    monkeypatch.setenv("REFORM_CPU_ATTENTION", "fastest")
+    with pytest.raises(ValueError, match="REFORM_CPU_ATTENTION must be one of auto, flash, blocked"):
+        causal_attention(torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4), 0, 0.5)
 
 
 def test_chunked_prefill_with_unbounded_cache_equals_one_shot(tiny_model):

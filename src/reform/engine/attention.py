@@ -1,14 +1,38 @@
 """Attention over a cached prefix, and the attention-received scores eviction policies need.
 
-Neither function materialises a chunk x cache attention matrix: the chunk's own attention goes through
-``scaled_dot_product_attention`` (fused kernels on CPU and CUDA), and eviction scores use only the last
-few queries of the chunk, one KV-head group at a time.
+Neither function materialises a chunk x cache attention matrix. The chunk's own attention takes one of
+two CPU paths, chosen by dtype because their speeds differ by dtype (measured with
+``scripts/attention_kernel_throughput.py``, README "Where the time goes"):
+
+- fp32: PyTorch's fused flash kernel (``scaled_dot_product_attention``), near the fp32 matmul rate.
+- bf16/fp16: blocked attention built from half-precision matmuls, a block of query rows at a time, with
+  the softmax accumulated in fp32 (the precision of transformers' eager attention). The CPU flash kernel
+  reaches only ~20-25 % of the bf16 matmul rate on AVX512-BF16 and AMX CPUs; this path ~2.5x that.
+
+Sliding windows, soft-capping and attention sinks always take the blocked path. ``REFORM_CPU_ATTENTION``
+(``auto``, ``flash`` or ``blocked``) overrides the choice, for measuring one against the other.
+Eviction scores use only the last few queries of the chunk, one KV-head group at a time.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+CPU_ATTENTION_PATHS = ("auto", "flash", "blocked")
+BLOCK_ROWS = 384        # query rows (positions x heads of one KV group) per block: fastest measured (bf16)
+
+
+def cpu_attention_path(dtype: torch.dtype) -> str:
+    """The CPU path for ``dtype``: ``REFORM_CPU_ATTENTION`` if set, else blocked for half precision."""
+    chosen = os.environ.get("REFORM_CPU_ATTENTION", "auto")
+    if chosen not in CPU_ATTENTION_PATHS:
+        raise ValueError(f"REFORM_CPU_ATTENTION must be one of {', '.join(CPU_ATTENTION_PATHS)}, got {chosen!r}")
+    if chosen != "auto":
+        return chosen
+    return "flash" if dtype == torch.float32 else "blocked"
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float, *,
@@ -25,15 +49,17 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     t, n = q.shape[1], k.shape[1]
     if n != start + t:
         raise ValueError(f"cache holds {n} keys, expected {start + t}")
-    if window is not None or softcap is not None or sinks is not None:
-        return _masked_attention(q, k, v, start, scaling, window, softcap, sinks)
+    cpu = q.device.type == "cpu"
+    if window is not None or softcap is not None or sinks is not None or (
+            cpu and t > 1 and cpu_attention_path(q.dtype) == "blocked"):
+        return blocked_attention(q, k, v, start, scaling, window, softcap, sinks)
     gqa = q.shape[0] != k.shape[0]
     if start == 0:
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=t > 1, scale=scaling,
                                              enable_gqa=gqa)
     elif t == 1:
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], scale=scaling, enable_gqa=gqa)
-    elif q.device.type == "cpu" and _CPU_FLASH is not None:
+    elif cpu and _CPU_FLASH is not None:
         return _split_attention(q, k, v, start, scaling)
     else:
         mask = torch.arange(n, device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
@@ -42,36 +68,50 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return out[0]
 
 
-def _masked_attention(q, k, v, start, scaling, window, softcap, sinks=None, block: int = 256):
-    """Sliding-window, soft-capped and/or sink attention, ``block`` queries at a time over only the keys
-    that block can read (so no chunk x cache matrix is held); softmax in float32."""
+def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=None, rows: int = BLOCK_ROWS):
+    """``causal_attention`` a block of query positions at a time, over only the keys that block can read.
+
+    A block's rows are its positions x the query heads of one KV group, so each block is one 2-D matmul
+    per side and K/V are never repeated per head. Only the block's diagonal (future keys) and, with a
+    window, its left edge are masked; the softmax runs in fp32 (in place for fp32, internally for half).
+    """
     h, t, d = q.shape
-    rep = h // k.shape[0]
-    out = torch.empty_like(q)
+    h_kv = k.shape[0]
+    rep = h // h_kv
+    block = max(1, rows // rep)
+    scaled = q if softcap is not None else q * scaling   # softcap wants the raw scaled logits below
+    grouped = scaled.view(h_kv, rep, t, d).transpose(1, 2)                   # [H_kv, T, rep, D]
+    out = torch.empty(h_kv, t, rep, d, dtype=q.dtype, device=q.device)
+    offsets = torch.arange(block, device=q.device)
     for s in range(0, t, block):
         e = min(t, s + block)
         lo = 0 if window is None else max(0, start + s - window + 1)
-        kb = k[:, lo:start + e].repeat_interleave(rep, 0)
-        vb = v[:, lo:start + e].repeat_interleave(rep, 0)
-        q_pos = start + torch.arange(s, e, device=q.device)[:, None]
-        k_pos = lo + torch.arange(kb.shape[1], device=q.device)[None, :]
-        allowed = k_pos <= q_pos
-        if window is not None:
-            allowed &= k_pos > q_pos - window
-        logits = (q[:, s:e] @ kb.transpose(1, 2)) * scaling
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
-        logits = logits.float().masked_fill_(~allowed, float("-inf"))
-        out[:, s:e] = _softmax(logits, sinks).to(q.dtype) @ vb
-    return out
+        q_pos = (start + s + offsets[:e - s]).repeat_interleave(rep)[:, None]     # row -> its position
+        future = start + s + offsets[None, :e - s] > q_pos     # the block's own keys, from column start+s-lo
+        edge = None if window is None else lo + offsets[None, :e - s] <= q_pos - window    # left of window
+        rows_q = grouped[:, s:e].reshape(h_kv, (e - s) * rep, d)
+        for g in range(h_kv):
+            logits = rows_q[g] @ k[g, lo:start + e].T
+            if softcap is not None:
+                logits = torch.tanh(logits * (scaling / softcap)) * softcap
+            logits[:, start + s - lo:].masked_fill_(future, float("-inf"))
+            if edge is not None:
+                logits[:, :e - s].masked_fill_(edge, float("-inf"))
+            if sinks is None:
+                probs = torch.softmax(logits, -1)
+            else:
+                row_sinks = sinks[g * rep:(g + 1) * rep].repeat(e - s)
+                probs = _softmax(logits.float()[None], row_sinks[None])[0].to(q.dtype)
+            out[g, s:e] = (probs @ v[g, lo:start + e]).view(e - s, rep, d)
+    return out.transpose(1, 2).reshape(h, t, d)
 
 
 def _softmax(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dimension of ``logits`` ([H, rows, N]); with ``sinks`` ([H]) each head's sink
-    logit joins the normalisation and its share is dropped."""
+    """Softmax over the last dimension of ``logits`` ([B, rows, N]); with ``sinks`` ([B, rows], or [B]
+    for one per batch entry) each row's sink logit joins the normalisation and its share is dropped."""
     if sinks is None:
         return torch.softmax(logits, -1)
-    sink = sinks.float().view(-1, 1, 1).expand(logits.shape[0], logits.shape[1], 1)
+    sink = sinks.float().reshape(logits.shape[0], -1, 1).expand(*logits.shape[:2], 1)
     return torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
 
 
