@@ -59,7 +59,7 @@ def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
     specs = method_specs([{"name": "reform", "heads": "1:v:0,2:q:3", "chunk_size": 64, "cache_budget": 96,
                            "recompute_budget": 200}, "h2o:chunk_size=64:cache_budget=96"])
     result = run_bench(specs, [300, 600], loaded=loaded, out_dir=tmp_path, repeats=2, max_new_tokens=4,
-                       profile=True)
+                       profile=True, peer="llama.cpp", peer_gguf=None)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["lengths"] == [300, 600] and len(saved["runs"]) == 2 * 2 * 2
     assert saved["machine"]["matmul_flop_per_s"] > 0
@@ -79,6 +79,13 @@ def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
     for name in ("time_vs_length.png", "memory_vs_length.png", "stages.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert result["summary"] == saved["summary"]
+    # layers of work per token: REFORM's deepest head is in layer 2 (of 4), where only Q/K/V run
+    assert all(2 < r["encode_layers"] < 2.5 for r in reform_runs)
+    assert all(r["encode_layers"] == 4 for r in saved["runs"] if r["method"].startswith("h2o"))
+    # a peer that cannot run is a row with its reason, never a failed benchmark
+    assert [p["length"] for p in saved["peer"]] == [300, 600] and all(p["error"] for p in saved["peer"])
+    from reform.cli.bench import peer_table
+    assert "llama.cpp" in peer_table(saved) and "reform" in peer_table(saved)
     profiles = sorted(tmp_path.glob("profile-*.txt"))
     assert len(profiles) == 2 * 2 and all("aten::" in p.read_text() for p in profiles)
 
@@ -89,3 +96,15 @@ def test_scaling_lengths_double_up_to_the_limit():
     assert scaling_lengths("8k..1M")[-1] == 1024 ** 2
     with pytest.raises(ValueError):
         scaling_lengths("64k..8k")
+
+
+def test_llama_cpp_peer_processes_the_same_tokens(tmp_path):
+    """Runs where llama-cpp-python is installed (an optional extra, not in CI): both weight kinds time."""
+    pytest.importorskip("llama_cpp")
+    from reform.bench.peer import llama_cpp_rows
+    from reform.model import default_model_path
+    rows = llama_cpp_rows(default_model_path(), list(range(100, 400)), 2, "bfloat16", tmp_path)
+    assert [r["weights"] for r in rows] == ["as shipped", "bfloat16"], rows
+    assert all(r["tokens"] == 300 and r["layers"] == 30 and r["tokens_per_s"] > 0 for r in rows)
+    assert (tmp_path / "SmolLM2-135M-Instruct.Q4_1.bfloat16.gguf").is_file()
+    assert not list(tmp_path.glob(".*tmp"))                     # the conversion is renamed into place

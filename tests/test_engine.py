@@ -65,10 +65,10 @@ def test_blocked_attention_equals_the_definition(start, t, rows, window, softcap
                torch.randn(2, start + t, 16, generator=gen))
     sink_logits = torch.randn(6, generator=gen) if sinks else None
     ref = dense_attention(q, k, v, start, 0.3, window, softcap, sink_logits)
-    got = blocked_attention(q, k, v, start, 0.3, window, softcap, sink_logits, rows=rows)
+    got, _ = blocked_attention(q, k, v, start, 0.3, window, softcap, sink_logits, rows=rows)
     torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
     # half precision (the default CPU path for bf16): within bf16 rounding of the definition
-    half = blocked_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), start, 0.3, window, softcap,
+    half, _ = blocked_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), start, 0.3, window, softcap,
                              sink_logits, rows=rows)
     assert half.dtype == torch.bfloat16
     torch.testing.assert_close(half.double(), ref, atol=0.05, rtol=0.05)
@@ -198,3 +198,25 @@ def test_cache_appends_in_place_like_concatenation_and_clones_stay_independent()
     lc.keys_pre = lc.keys = lc.values = ref[:, :5].clone()               # a policy swaps in other tensors
     lc.append(parts[1], parts[1], parts[1])
     assert torch.equal(lc.values, torch.cat([ref[:, :5], parts[1]], dim=1))
+
+
+@pytest.mark.parametrize("start,t,w,softcap,sinks", [(40, 30, 8, None, False), (40, 30, 30, None, False),
+                                                   (0, 50, 20, 3.0, True), (10, 5, 16, None, False)])
+def test_fused_eviction_scores_equal_attention_received(start, t, w, softcap, sinks, monkeypatch):
+    """The blocked path sums the probabilities it already computed; they equal the separate computation."""
+    from reform.engine.attention import attention_and_received
+    monkeypatch.setenv("REFORM_CPU_ATTENTION", "blocked")
+    gen = torch.Generator().manual_seed(t)
+    q, k, v = (torch.randn(6, t, 16, generator=gen) * 2, torch.randn(2, start + t, 16, generator=gen),
+               torch.randn(2, start + t, 16, generator=gen))
+    sink_logits = torch.randn(6, generator=gen) if sinks else None
+    out, received = attention_and_received(q, k, v, start, 0.3, w, softcap, sink_logits)
+    torch.testing.assert_close(out, causal_attention(q, k, v, start, 0.3, softcap=softcap, sinks=sink_logits))
+    ref = attention_received(q[:, -min(w, t):], k, 0.3, softcap, sink_logits)
+    torch.testing.assert_close(received, ref, atol=1e-5, rtol=1e-5)
+    _, across_blocks = blocked_attention(q, k, v, start, 0.3, None, softcap, sink_logits,
+                                         received_by_last=min(w, t), rows=9)    # 3 positions per block
+    torch.testing.assert_close(across_blocks, ref, atol=1e-5, rtol=1e-5)
+    monkeypatch.setenv("REFORM_CPU_ATTENTION", "flash")      # the unfused path, when no softcap/sinks
+    if softcap is None:
+        torch.testing.assert_close(attention_and_received(q, k, v, start, 0.3, w)[1], ref)

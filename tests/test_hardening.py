@@ -145,6 +145,12 @@ def test_unknown_device(args, doc, tmp_path, no_load):
     assert not out.exists()                                   # eval used to leave an empty folder
 
 
+def test_unknown_bench_peer_refused_before_loading(tmp_path, no_load):
+    r = run("bench", "--lengths", "1k", "--peer", "vllm", "--out", tmp_path / "b")
+    assert r.exit_code == 2 and "unknown --peer 'vllm': use llama.cpp" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "b").exists()
+
+
 @pytest.mark.parametrize("option,msg", [
     ("keep_first=abc", "keep_first of reform must be a whole number, got 'abc'"),
     ("embed_dtype=garbage", "embed_dtype of reform must be one of float16, bfloat16, float32"),

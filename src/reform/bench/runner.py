@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import statistics
 import time
@@ -33,6 +34,7 @@ from ..pipeline import Pipeline
 from ..model import release_freed_memory
 from ..stats import current_memory_mb, peak_cuda_mb, peak_memory_mb, reset_peak_memory
 from .machine import machine_info, matmul_throughput
+from .peer import layer_equivalents, llama_cpp_rows
 
 RESULTS = "bench.json"
 
@@ -85,7 +87,7 @@ def one_run(pipe: Pipeline, inp: NeedleInput, *, max_new_tokens: int, matmul_flo
     t0 = time.perf_counter()
     ctx = pipe.method.encode(pipe, ids)
     ctx.encode_seconds = time.perf_counter() - t0
-    encode_flops = engine.flops.total
+    encode_flops, encode_linear = engine.flops.total, engine.flops.counts.get("linear", 0)
     ans = ctx.ask(inp.question, answer_prefix=inp.answer_prefix, max_new_tokens=max_new_tokens)
     wall = time.perf_counter() - t0
     flops = dict(engine.flops.counts)
@@ -107,6 +109,7 @@ def one_run(pipe: Pipeline, inp: NeedleInput, *, max_new_tokens: int, matmul_flo
         "new_tokens": new, "tokens_per_s": round(n / wall, 1),
         "second_question_s": round(second, 3),
         "flops": flops, "encode_flops": encode_flops,
+        "encode_layers": round(layer_equivalents(encode_linear, n, sum(engine.layer_flops), len(engine.layer_flops)), 2),
         "flop_per_s": total_flops / wall,
         "encode_flop_per_s": encode_flops / stages["encode"] if stages["encode"] else None,
         **efficiencies(total_flops / wall, encode_flops / stages["encode"] if stages["encode"] else None,
@@ -139,6 +142,7 @@ def summarise(runs: list[dict]) -> list[dict]:
         for stage in rs[0]["stages_s"]:
             row[f"{stage}_s_median"] = statistics.median(r["stages_s"][stage] for r in rs)
         row["bytes_per_input_token"] = rs[0]["bytes_per_input_token"]
+        row["encode_layers"] = rs[0].get("encode_layers")
         out.append(row)
     return out
 
@@ -173,12 +177,16 @@ def profiled(path: Path | None):
     path.write_text(prof.key_averages().table(sort_by=key, row_limit=30))
 
 
+PEER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reform" / "peer"
+
+
 def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_dir: Path, repeats: int = 1,
-              max_new_tokens: int = 16, seed: int = 0, profile: bool = False,
-              progress: Callable[[str], None] | None = None) -> dict:
+              max_new_tokens: int = 16, seed: int = 0, profile: bool = False, peer_gguf: Path | None = None,
+              peer: str | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Run every (method, length) ``repeats`` times on one loaded model and write ``bench.json``.
     ``profile``: one extra, untimed run per (method, length) under torch's profiler, written to
-    ``profile-METHOD-LENGTH.txt`` (where the time goes)."""
+    ``profile-METHOD-LENGTH.txt`` (where the time goes). ``peer="llama.cpp"``: after each length's runs,
+    llama.cpp's prompt processing of the same ids (``peer_gguf``: the model's GGUF file), see ``peer.py``."""
     specs = list(specs)
     model, tokenizer = loaded.model, loaded.tokenizer
     pipes = {s.label: Pipeline(model, tokenizer, model_name=loaded.name, method=s.name, **dict(s.options))
@@ -186,7 +194,7 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
     any_pipe = next(iter(pipes.values()))
     dtype = any_pipe.engine.dtype
     peak = matmul_throughput(dtype, any_pipe.engine.device)
-    runs = []
+    runs, peer_rows = [], []
     out_dir.mkdir(parents=True, exist_ok=True)
     for length in lengths:
         inp = needle_input(tokenizer, any_pipe.templater, length, seed)
@@ -203,6 +211,12 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
             if profile:
                 with profiled(out_dir / f"profile-{slug(label)}-{format_length(length)}.txt"):
                     one_run(pipe, inp, max_new_tokens=max_new_tokens, matmul_flops=peak)
+        if peer is not None:
+            if progress is not None:
+                progress(f"{peer} prompt processing @ {format_length(length)}")
+            ids = any_pipe.tokenize_context(inp.text).tolist()
+            peer_rows += [{"length": length, **row} for row in llama_cpp_rows(
+                peer_gguf, ids, torch.get_num_threads(), str(dtype).removeprefix("torch."), PEER_CACHE)]
     # Measured again after the runs: one probe can land on a slow moment of a shared machine (we saw
     # 208 vs 420 GFLOP/s), and the yardstick is the best rate this machine reaches.
     peak = max(peak, matmul_throughput(dtype, any_pipe.engine.device))
@@ -213,7 +227,7 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
                           "matmul_dtype": str(dtype).removeprefix("torch.")},
               "model": loaded.name, "methods": [s.label for s in specs], "lengths": lengths,
               "repeats": repeats, "max_new_tokens": max_new_tokens, "seed": seed,
-              "runs": runs, "summary": summary,
+              "runs": runs, "summary": summary, "peer": peer_rows,
               "scaling": [e for s in specs if (e := scaling_exponent(summary, s.label)) is not None]}
     write_atomic(out_dir / RESULTS, json.dumps(result, indent=1))
     from .plots import plot_bench

@@ -44,6 +44,32 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def gguf_file(model: str | None) -> Path | None:
+    """The GGUF file a peer runtime can load for ``--model``, or None."""
+    from ..model import DEFAULT_MODEL, default_model_path
+    if not model or model == DEFAULT_MODEL:
+        return default_model_path()
+    return Path(model).expanduser() if model.endswith(".gguf") else None
+
+
+def peer_table(result: dict) -> str:
+    """Our encode next to the peer's prompt processing, in tokens per second per layer run."""
+    from ..eval.specs import format_length
+    lines = ["| length | runtime | weights | tokens | tokens/s | layers run | tokens/s x layers |", "|---|---|---|---|---|---|---|"]
+    for length in result["lengths"]:
+        for r in (r for r in result["summary"] if r["length"] == length):
+            per_s = r["input_tokens"] / r["encode_s_median"]
+            lines.append(f"| {format_length(length)} | reform: {r['method']} encode | {result['machine']['matmul_dtype']} "
+                         f"| {r['input_tokens']} | {per_s:.0f} | {r['encode_layers']:.2f} | {per_s * r['encode_layers']:.0f} |")
+        for p in (p for p in result["peer"] if p["length"] == length):
+            if "error" in p:
+                lines.append(f"| {format_length(length)} | {p['peer']} | {p.get('weights', '—')} | — | — | — | {p['error']} |")
+            else:
+                lines.append(f"| {format_length(length)} | {p['peer']} prompt | {p['weights']} ({p['gguf']}) | {p['tokens']} "
+                             f"| {p['tokens_per_s']:.0f} | {p['layers']} | {p['tokens_per_s_per_layer']:.0f} |")
+    return "\n".join(lines)
+
+
 @app.command()
 def bench(methods: str = MethodsOpt,
           lengths: Optional[str] = typer.Option(None, "--lengths", help="comma-separated input lengths, e.g. 32k,128k"),
@@ -54,6 +80,9 @@ def bench(methods: str = MethodsOpt,
           seed: int = typer.Option(0, "--seed"),
           profile: bool = typer.Option(False, "--profile", help="also profile one extra run per method and length "
                                        "(torch profiler; top operators to profile-METHOD-LENGTH.txt)"),
+          peer: Optional[str] = typer.Option(None, "--peer", help="also time this runtime's prompt processing of "
+                                             "the same tokens, per layer: llama.cpp (needs llama-cpp-python and "
+                                             "a .gguf model)"),
           out_dir: Path = typer.Option(Path("runs/bench"), "--out", "-o", help="folder for bench.json and PNGs"),
           model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Time every method on the same NIAH-style input at each length: stages, TTFT/TPOT, tokens/s, peak
@@ -69,6 +98,9 @@ def bench(methods: str = MethodsOpt,
         except ValueError as e:
             raise CliError(str(e)) from None
         specs = check_methods(methods)
+        from ..bench.peer import PEERS
+        if peer is not None and peer not in PEERS:
+            raise CliError(f"unknown --peer '{peer}': use {', '.join(PEERS)}")
         check_load(model, device, dtype)
         out_dir = checked_output(out_dir, "--out", folder=True)
         loaded = load(model, device, dtype)
@@ -76,12 +108,15 @@ def bench(methods: str = MethodsOpt,
         try:
             result = run_bench(specs, sizes, loaded=loaded, out_dir=out_dir, repeats=repeats,
                                max_new_tokens=max_new_tokens, seed=seed, profile=profile,
+                               peer=peer, peer_gguf=gguf_file(model) if peer else None,
                                progress=lambda s: err.print(s, markup=False))
         except ValueError as e:
             raise CliError(str(e)) from None
     except CliError as e:
         fail(e)
     md = table(result)
+    if result["peer"]:
+        md += "\n\n" + peer_table(result)
     for fit in result["scaling"]:
         md += (f"\n\n{fit['method']}: time ~ length^{fit['time_exponent']} over {fit['points']} lengths; "
                f"peak RSS grows {fit['rss_bytes_per_token']:.0f} bytes per extra input token")

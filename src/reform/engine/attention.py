@@ -50,9 +50,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     if n != start + t:
         raise ValueError(f"cache holds {n} keys, expected {start + t}")
     cpu = q.device.type == "cpu"
-    if window is not None or softcap is not None or sinks is not None or (
-            cpu and t > 1 and cpu_attention_path(q.dtype) == "blocked"):
-        return blocked_attention(q, k, v, start, scaling, window, softcap, sinks)
+    if window is not None or softcap is not None or sinks is not None or _blocked_path(q):
+        return blocked_attention(q, k, v, start, scaling, window, softcap, sinks)[0]
     gqa = q.shape[0] != k.shape[0]
     if start == 0:
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=t > 1, scale=scaling,
@@ -68,27 +67,53 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return out[0]
 
 
-def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=None, rows: int = BLOCK_ROWS):
+def attention_and_received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float,
+                           score_window: int, softcap: float | None = None, sinks: torch.Tensor | None = None):
+    """``causal_attention`` and ``attention_received`` of its last ``score_window`` queries, in one pass
+    where the blocked path runs (the scores are sums of probabilities it computes anyway)."""
+    w = min(score_window, q.shape[1])
+    if scores_fused(q, softcap, sinks):
+        return blocked_attention(q, k, v, start, scaling, None, softcap, sinks, received_by_last=w)
+    return causal_attention(q, k, v, start, scaling), attention_received(q[:, -w:], k, scaling)
+
+
+def scores_fused(q: torch.Tensor, softcap: float | None = None, sinks: torch.Tensor | None = None) -> bool:
+    """Whether ``attention_and_received`` gets the scores from the attention pass itself (no extra FLOPs)."""
+    return softcap is not None or sinks is not None or _blocked_path(q)
+
+
+def _blocked_path(q: torch.Tensor) -> bool:
+    return q.device.type == "cpu" and q.shape[1] > 1 and cpu_attention_path(q.dtype) == "blocked"
+
+
+def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=None, *,
+                      received_by_last: int = 0, rows: int = BLOCK_ROWS):
     """``causal_attention`` a block of query positions at a time, over only the keys that block can read.
 
     A block's rows are its positions x the query heads of one KV group, so each block is one 2-D matmul
     per side and K/V are never repeated per head. Only the block's diagonal (future keys) and, with a
     window, its left edge are masked; the softmax runs in fp32 (in place for fp32, internally for half).
+    Blocks are laid out from the end, so the last ``received_by_last`` queries usually share one block.
+    Returns the output and, with ``received_by_last`` = w > 0, ``attention_received`` of the last w queries
+    ([H_kv, start+T] float32; else None).
     """
     h, t, d = q.shape
-    h_kv = k.shape[0]
+    h_kv, n = k.shape[0], k.shape[1]
     rep = h // h_kv
     block = max(1, rows // rep)
     scaled = q if softcap is not None else q * scaling   # softcap wants the raw scaled logits below
     grouped = scaled.view(h_kv, rep, t, d).transpose(1, 2)                   # [H_kv, T, rep, D]
     out = torch.empty(h_kv, t, rep, d, dtype=q.dtype, device=q.device)
+    received = torch.zeros(h_kv, n, dtype=torch.float32, device=q.device) if received_by_last else None
     offsets = torch.arange(block, device=q.device)
-    for s in range(0, t, block):
-        e = min(t, s + block)
+    full_future = offsets[None, :] > offsets.repeat_interleave(rep)[:, None]  # a full block's diagonal mask
+    for e in range(t, 0, -block):
+        s = max(0, e - block)
         lo = 0 if window is None else max(0, start + s - window + 1)
         q_pos = (start + s + offsets[:e - s]).repeat_interleave(rep)[:, None]     # row -> its position
-        future = start + s + offsets[None, :e - s] > q_pos     # the block's own keys, from column start+s-lo
+        future = full_future if e - s == block else start + s + offsets[None, :e - s] > q_pos
         edge = None if window is None else lo + offsets[None, :e - s] <= q_pos - window    # left of window
+        first_scored = max(0, t - received_by_last - s) * rep if e > t - received_by_last else None
         rows_q = grouped[:, s:e].reshape(h_kv, (e - s) * rep, d)
         for g in range(h_kv):
             logits = rows_q[g] @ k[g, lo:start + e].T
@@ -102,8 +127,10 @@ def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=
             else:
                 row_sinks = sinks[g * rep:(g + 1) * rep].repeat(e - s)
                 probs = _softmax(logits.float()[None], row_sinks[None])[0].to(q.dtype)
+            if first_scored is not None:
+                received[g, lo:start + e] += probs[first_scored:].sum(0, dtype=torch.float32)
             out[g, s:e] = (probs @ v[g, lo:start + e]).view(e - s, rep, d)
-    return out.transpose(1, 2).reshape(h, t, d)
+    return out.transpose(1, 2).reshape(h, t, d), received
 
 
 def _softmax(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:

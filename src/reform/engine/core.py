@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from .attention import attention_received, causal_attention
+from .attention import attention_and_received, causal_attention, scores_fused
 from .cache import RESERVE, KVCache, LayerCache
 from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token, qkv_flops_per_token
 from .rope import Rotary
@@ -252,7 +252,7 @@ class Engine:
         self.dtype = self.embed.weight.dtype
         self.max_positions = self.shape.window   # positions beyond are refused (see ``past_window``)
         self.flops = FlopCounter()               # model FLOPs executed so far (the benchmark reads it)
-        self._layer_flops = [linear_flops_per_token(layer) for layer in self.layers]
+        self.layer_flops = [linear_flops_per_token(layer) for layer in self.layers]   # per token, per layer
         self._qkv_flops = [qkv_flops_per_token(attn) for attn in self.attention]
         self._head_flops = 2 * self.lm_head.weight.numel()
         self._windows = [_layer_window(cfg, i) for i in range(self.shape.n_layers)]
@@ -334,7 +334,7 @@ class Engine:
         out = self.layers[i](x, attention_mask=None, position_ids=torch.arange(start, start + t, device=x.device)[None],
                              use_cache=True, position_embeddings=self.rotary.cos_sin(i, start, t, x),
                              **{self._cache_arg: self._adapter})
-        self.flops.add("linear", self._layer_flops[i] * t)
+        self.flops.add("linear", self.layer_flops[i] * t)
         return out[0] if isinstance(out, tuple) else out
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling, window, softcap, sinks):
@@ -355,12 +355,14 @@ class Engine:
         if (arrange := getattr(policy, "arrange", None)) is not None:
             q, start = self._arrange(arrange, i, q, lc, start)
             k, v = lc.keys, lc.values
-        out = causal_attention(q, k, v, start, scaling, window=window, softcap=softcap, sinks=sinks)
-        self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, t))
         if policy is not None and policy.score_window and window is None:
-            w = min(policy.score_window, t)
-            policy.observe(i, attention_received(q[:, -w:], lc.keys, scaling, softcap, sinks), lc, t)
-            self.flops.add("eviction_scores", 2 * s.n_heads * s.head_dim * w * lc.length)
+            out, received = attention_and_received(q, k, v, start, scaling, policy.score_window, softcap, sinks)
+            policy.observe(i, received, lc, t)
+            if not scores_fused(q, softcap, sinks):       # else they cost no FLOPs of their own
+                self.flops.add("eviction_scores", 2 * s.n_heads * s.head_dim * min(policy.score_window, t) * lc.length)
+        else:
+            out = causal_attention(q, k, v, start, scaling, window=window, softcap=softcap, sinks=sinks)
+        self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, t))
         return out.transpose(0, 1)[None], None
 
     def _arrange(self, arrange, i: int, q: torch.Tensor, lc: LayerCache, start: int):

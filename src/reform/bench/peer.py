@@ -1,0 +1,81 @@
+"""A peer in the same run: llama.cpp's prompt processing of the same model on the same tokens.
+
+llama.cpp is what CPU users pick for small models, so ``reform bench --peer llama.cpp`` times its prompt
+processing (``Llama.eval`` through ``llama-cpp-python``, the same thread count as torch) on the ids of the
+benchmark's own input, cut to the model's window. It runs the GGUF twice: as shipped (e.g. Q4_1) and
+converted by llama.cpp itself to bf16 or f32 -- the weights our engine computes with (transformers
+dequantizes GGUF weights). Both sides are reported in tokens per second per layer: a full pass runs every
+layer, REFORM's encode stops at its deepest embedding head (see ``layer_equivalents``).
+
+A peer that cannot run (package missing, model not a GGUF, conversion failed) is a row with the reason,
+never a failed benchmark.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+
+PEERS = ("llama.cpp",)
+# llama.cpp's ftype codes (llama.h, enum llama_ftype) for the weights our engine runs in
+FTYPES = {"bfloat16": 32, "float32": 0}
+
+
+def llama_cpp_rows(gguf: Path | None, ids: list[int], threads: int, dtype: str, cache_dir: Path) -> list[dict]:
+    """Prompt-processing rows for the GGUF as shipped and converted to ``dtype``; a reason where it can't run."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return [{"peer": "llama.cpp", "error": "llama-cpp-python is not installed: pip install llama-cpp-python"}]
+    if gguf is None or gguf.suffix != ".gguf" or not gguf.is_file():
+        return [{"peer": "llama.cpp", "error": "the model is not a local .gguf file, which llama.cpp needs"}]
+    rows = [_prompt_row(llama_cpp, gguf, "as shipped", ids, threads)]
+    if dtype in FTYPES:
+        converted = cache_dir / f"{gguf.stem}.{dtype}.gguf"
+        reason = None if converted.is_file() else _convert(llama_cpp, gguf, converted, FTYPES[dtype], threads)
+        rows.append(_prompt_row(llama_cpp, converted, dtype, ids, threads) if reason is None
+                    else {"peer": "llama.cpp", "weights": dtype, "error": reason})
+    return rows
+
+
+def _convert(llama_cpp, src: Path, dst: Path, ftype: int, threads: int) -> str | None:
+    """llama.cpp's own quantize tool, run to dequantize; written under a temporary name, then renamed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = ftype, True, threads
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        return f"llama.cpp could not convert {src.name} (llama_model_quantize returned {rc})"
+    tmp.replace(dst)
+    return None
+
+
+def _prompt_row(llama_cpp, gguf: Path, weights: str, ids: list[int], threads: int) -> dict:
+    row = {"peer": "llama.cpp", "weights": weights, "gguf": gguf.name, "threads": threads}
+    try:
+        llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=0, n_batch=2048, n_ubatch=512, n_threads=threads,
+                              n_threads_batch=threads, verbose=False)
+    except (ValueError, RuntimeError, OSError) as e:
+        return {**row, "error": f"llama.cpp could not load {gguf.name}: {e}"}
+    try:
+        tokens = ids[:llm.n_ctx()]
+        layers = int(llama_cpp.llama_model_n_layer(llm.model))
+        llm.eval(tokens[:64])                    # warm-up: weights paged in, kernels chosen
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(tokens)
+        seconds = time.perf_counter() - t0
+    finally:
+        llm.close()
+    per_s = len(tokens) / seconds
+    return {**row, "tokens": len(tokens), "seconds": round(seconds, 3), "tokens_per_s": round(per_s, 1),
+            "layers": layers, "tokens_per_s_per_layer": round(per_s * layers, 1)}
+
+
+def layer_equivalents(linear_flops: float, tokens: int, full_pass_flops_per_token: float, n_layers: int) -> float:
+    """How many of the model's layers one token's encode ran, from the projection/MLP FLOPs it executed
+    (REFORM: every layer below its deepest embedding head, plus that layer's Q/K/V)."""
+    return linear_flops / tokens / (full_pass_flops_per_token / n_layers)
