@@ -62,7 +62,7 @@ def test_bench_writes_its_schema_and_plots(tmp_path, tokenizer):
                        profile=True, peer="llama.cpp", peer_gguf=None)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["lengths"] == [300, 600] and len(saved["runs"]) == 2 * 2 * 2
-    assert saved["machine"]["matmul_flop_per_s"] > 0
+    assert saved["machine"]["matmul_flop_per_s"] > 0 and saved["machine"]["cpu_attention"] == "flash"   # fp32
     for run in saved["runs"]:
         assert set(run["stages_s"]) == {"encode", "gather", "recompute", "generate"}
         assert run["input_tokens"] > 0 and run["wall_s"] > 0 and run["peak_rss_mb"] > 0

@@ -20,18 +20,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-
-from ..outputs import write_atomic
 from typing import Callable, Iterable
 
 import torch
 
 from ..data.haystack import haystack, insert_needle, magic_number_needle
+from ..engine.attention import cpu_attention_path
 from ..eval.plots import slug
 from ..eval.specs import MethodSpec, format_length
 from ..methods import Context
-from ..pipeline import Pipeline
 from ..model import release_freed_memory
+from ..outputs import write_atomic
+from ..pipeline import Pipeline
 from ..stats import current_memory_mb, peak_cuda_mb, peak_memory_mb, reset_peak_memory
 from .machine import machine_info, matmul_throughput
 from .peer import layer_equivalents, llama_cpp_rows
@@ -224,7 +224,8 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
         run.update(efficiencies(run["flop_per_s"], run["encode_flop_per_s"], peak))
     summary = summarise(runs)
     result = {"machine": {**machine_info(any_pipe.engine.device), "matmul_flop_per_s": peak,
-                          "matmul_dtype": str(dtype).removeprefix("torch.")},
+                          "matmul_dtype": str(dtype).removeprefix("torch."),
+                          "cpu_attention": cpu_attention_path(dtype)},
               "model": loaded.name, "methods": [s.label for s in specs], "lengths": lengths,
               "repeats": repeats, "max_new_tokens": max_new_tokens, "seed": seed,
               "runs": runs, "summary": summary, "peer": peer_rows,
