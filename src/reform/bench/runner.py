@@ -211,7 +211,7 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
             if profile:
                 with profiled(out_dir / f"profile-{slug(label)}-{format_length(length)}.txt"):
                     one_run(pipe, inp, max_new_tokens=max_new_tokens, matmul_flops=peak)
-        if peer is not None:
+        if peer is not None and length <= any_pipe.engine.max_positions:    # a full pass fits the window
             if progress is not None:
                 progress(f"{peer} prompt processing @ {format_length(length)}")
             ids = any_pipe.tokenize_context(inp.text).tolist()
