@@ -102,8 +102,9 @@ def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=
     rep = h // h_kv
     block = max(1, rows // rep)
     scaled = q if softcap is not None else q * scaling   # softcap wants the raw scaled logits below
-    grouped = scaled.view(h_kv, rep, t, d).transpose(1, 2)                   # [H_kv, T, rep, D]
-    out = torch.empty(h_kv, t, rep, d, dtype=q.dtype, device=q.device)
+    # rows in (position, head) order, so a block's rows are one contiguous slice of these, in and out
+    grouped = scaled.view(h_kv, rep, t, d).transpose(1, 2).reshape(h_kv, t * rep, d)
+    out = torch.empty(h_kv, t * rep, d, dtype=q.dtype, device=q.device)
     received = torch.zeros(h_kv, n, dtype=torch.float32, device=q.device) if received_by_last else None
     offsets = torch.arange(block, device=q.device)
     full_future = offsets[None, :] > offsets.repeat_interleave(rep)[:, None]  # a full block's diagonal mask
@@ -114,9 +115,8 @@ def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=
         future = full_future if e - s == block else start + s + offsets[None, :e - s] > q_pos
         edge = None if window is None else lo + offsets[None, :e - s] <= q_pos - window    # left of window
         first_scored = max(0, t - received_by_last - s) * rep if e > t - received_by_last else None
-        rows_q = grouped[:, s:e].reshape(h_kv, (e - s) * rep, d)
         for g in range(h_kv):
-            logits = rows_q[g] @ k[g, lo:start + e].T
+            logits = grouped[g, s * rep:e * rep] @ k[g, lo:start + e].T
             if softcap is not None:
                 logits = torch.tanh(logits * (scaling / softcap)) * softcap
             logits[:, start + s - lo:].masked_fill_(future, float("-inf"))
@@ -129,8 +129,8 @@ def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=
                 probs = _softmax(logits.float()[None], row_sinks[None])[0].to(q.dtype)
             if first_scored is not None:
                 received[g, lo:start + e] += probs[first_scored:].sum(0, dtype=torch.float32)
-            out[g, s:e] = (probs @ v[g, lo:start + e]).view(e - s, rep, d)
-    return out.transpose(1, 2).reshape(h, t, d), received
+            torch.mm(probs, v[g, lo:start + e], out=out[g, s * rep:e * rep])
+    return out.view(h_kv, t, rep, d).transpose(1, 2).reshape(h, t, d), received
 
 
 def _softmax(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
