@@ -82,7 +82,7 @@ def bench(methods: str = MethodsOpt,
                                        "(torch profiler; top operators to profile-METHOD-LENGTH.txt)"),
           peer: Optional[str] = typer.Option(None, "--peer", help="also time this runtime's prompt processing of "
                                              "the same tokens, per layer: llama.cpp (needs llama-cpp-python and "
-                                             "a .gguf model)"),
+                                             "a .gguf model; pip install -e \".[peer]\")"),
           out_dir: Path = typer.Option(Path("runs/bench"), "--out", "-o", help="folder for bench.json and PNGs"),
           model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Time every method on the same NIAH-style input at each length: stages, TTFT/TPOT, tokens/s, peak
