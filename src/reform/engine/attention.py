@@ -2,12 +2,13 @@
 
 Neither function materialises a chunk x cache attention matrix. The chunk's own attention takes one of
 two CPU paths, chosen by dtype because their speeds differ by dtype (measured with
-``scripts/attention_kernel_throughput.py``, README "Where the time goes"):
+``scripts/attention_kernel_throughput.py``, README "bf16 CPUs: attention built from matmuls"):
 
 - fp32: PyTorch's fused flash kernel (``scaled_dot_product_attention``), near the fp32 matmul rate.
 - bf16/fp16: blocked attention built from half-precision matmuls, a block of query rows at a time, with
   the softmax accumulated in fp32 (the precision of transformers' eager attention). The CPU flash kernel
-  reaches only ~20-25 % of the bf16 matmul rate on AVX512-BF16 and AMX CPUs; this path ~2.5x that.
+  reaches only ~20-25 % of the bf16 matmul rate on AVX512-BF16 and AMX CPUs; this path about twice that
+  (measured on a Zen 5 with AVX512-BF16; not yet on AMX).
 
 Sliding windows, soft-capping and attention sinks always take the blocked path. ``REFORM_CPU_ATTENTION``
 (``auto``, ``flash`` or ``blocked``) overrides the choice, for measuring one against the other.
@@ -92,7 +93,7 @@ def blocked_attention(q, k, v, start, scaling, window=None, softcap=None, sinks=
 
     A block's rows are its positions x the query heads of one KV group, so each block is one 2-D matmul
     per side and K/V are never repeated per head. Only the block's diagonal (future keys) and, with a
-    window, its left edge are masked; the softmax runs in fp32 (in place for fp32, internally for half).
+    window, its left edge are masked; the softmax accumulates in fp32 (inside the kernel for half inputs).
     Blocks are laid out from the end, so the last ``received_by_last`` queries usually share one block.
     Returns the output and, with ``received_by_last`` = w > 0, ``attention_received`` of the last w queries
     ([H_kv, start+T] float32; else None).
