@@ -191,6 +191,13 @@ def quiet_progress_bars() -> None:
         pass
 
 
+def cache_root() -> Path | None:
+    """Where reform keeps what it derives once (converted models): ``$REFORM_CACHE_DIR``, default
+    ``~/.cache/reform``; None when ``REFORM_CACHE_DIR=off``."""
+    root = os.environ.get("REFORM_CACHE_DIR", str(Path("~/.cache/reform").expanduser()))
+    return None if root == "off" else Path(root)
+
+
 def converted_gguf(path: Path, model: str | None) -> tuple[str, dict]:
     """A GGUF file converted once into a transformers folder (fp32 safetensors + tokenizer files) under
     ``$REFORM_CACHE_DIR`` (default ``~/.cache/reform``), so later loads skip the GGUF parsing and
@@ -203,13 +210,13 @@ def converted_gguf(path: Path, model: str | None) -> tuple[str, dict]:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    root = os.environ.get("REFORM_CACHE_DIR", str(Path("~/.cache/reform").expanduser()))
+    root = cache_root()
     direct = (str(path.parent), {"gguf_file": path.name})
-    if root == "off":
+    if root is None:
         return direct
     st = path.stat()
     tag = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = Path(root) / "gguf" / f"{path.stem}-{tag}"
+    target = root / "gguf" / f"{path.stem}-{tag}"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return str(target), {}
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import statistics
 import time
@@ -29,7 +28,7 @@ from ..engine.attention import cpu_attention_path
 from ..eval.plots import slug
 from ..eval.specs import MethodSpec, format_length
 from ..methods import Context
-from ..model import release_freed_memory
+from ..model import cache_root, release_freed_memory
 from ..outputs import write_atomic
 from ..pipeline import Pipeline
 from ..stats import current_memory_mb, peak_cuda_mb, peak_memory_mb, reset_peak_memory
@@ -177,9 +176,6 @@ def profiled(path: Path | None):
     path.write_text(prof.key_averages().table(sort_by=key, row_limit=30))
 
 
-PEER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reform" / "peer"
-
-
 def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_dir: Path, repeats: int = 1,
               max_new_tokens: int = 16, seed: int = 0, profile: bool = False, peer_gguf: Path | None = None,
               peer: str | None = None, progress: Callable[[str], None] | None = None) -> dict:
@@ -216,7 +212,8 @@ def run_bench(specs: Iterable[MethodSpec], lengths: list[int], *, loaded, out_di
                 progress(f"{peer} prompt processing @ {format_length(length)}")
             ids = any_pipe.tokenize_context(inp.text).tolist()
             peer_rows += [{"length": length, **row} for row in llama_cpp_rows(
-                peer_gguf, ids, torch.get_num_threads(), str(dtype).removeprefix("torch."), PEER_CACHE)]
+                peer_gguf, ids, torch.get_num_threads(), str(dtype).removeprefix("torch."),
+                (cache_root() or out_dir) / "peer")]
     # Measured again after the runs: one probe can land on a slow moment of a shared machine (we saw
     # 208 vs 420 GFLOP/s), and the yardstick is the best rate this machine reaches.
     peak = max(peak, matmul_throughput(dtype, any_pipe.engine.device))
