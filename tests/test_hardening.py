@@ -137,7 +137,8 @@ def test_eval_report_without_plots(tmp_path):
 
 @pytest.mark.parametrize("args", [["ask", "DOC", "-q", "What?", "--device", "tpu9"],
                                   ["eval", "niah", "--device", "tpu9", "--out", "OUT"],
-                                  ["bench", "--lengths", "1k", "--device", "tpu9", "--out", "OUT"]])
+                                  ["bench", "--lengths", "1k", "--device", "tpu9", "--out", "OUT"],
+                                  ["models", "--device", "tpu9", "--out", "OUT"]])
 def test_unknown_device(args, doc, tmp_path, no_load):
     out = tmp_path / "run"
     r = run(*[doc if a == "DOC" else out if a == "OUT" else a for a in args])

@@ -115,8 +115,9 @@ class NotBuildable(Exception):
     """The model type cannot be built offline from its config class with tiny sizes."""
 
 
-def build(model_type: str, overrides: dict | None = None, seed: int = 0) -> torch.nn.Module:
-    """A tiny random-weight model of ``model_type`` (fp32, eager attention: transformers' reference path)."""
+def build(model_type: str, overrides: dict | None = None, seed: int = 0, device: str = "cpu") -> torch.nn.Module:
+    """A tiny random-weight model of ``model_type`` (fp32, eager attention: transformers' reference path),
+    initialised on the CPU (the same weights for every ``device``) and then moved to ``device``."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -133,7 +134,8 @@ def build(model_type: str, overrides: dict | None = None, seed: int = 0) -> torc
                     raise NotBuildable(f"{size / 1e6:.0f}M parameters at tiny sizes (sub-configs keep full-size "
                                        "defaults)")
                 torch.manual_seed(seed)
-                return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+                model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+                return model.to(device).eval()
         except NotBuildable:
             raise
         except Exception as e:  # unknown to this transformers, sub-configs, optional packages...
@@ -153,10 +155,11 @@ class Result:
 
 
 @torch.inference_mode()
-def check(name: str, model_type: str, overrides: dict | None = None) -> Result:
-    """Build one variant and compare the engine with transformers (see the module docstring)."""
+def check(name: str, model_type: str, overrides: dict | None = None, device: str = "cpu") -> Result:
+    """Build one variant on ``device`` and compare the engine with transformers there (see the module
+    docstring); on CUDA both run in fp32 with TF32 off, so the same tolerance applies."""
     try:
-        model = build(model_type, overrides)
+        model = build(model_type, overrides, device=device)
     except NotBuildable as e:
         return Result(name, model_type, "not built", str(e))
     try:
@@ -165,7 +168,7 @@ def check(name: str, model_type: str, overrides: dict | None = None) -> Result:
         return Result(name, model_type, "refused", str(e))
     g = torch.Generator().manual_seed(1)
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(3, vocab, (SEQ,), generator=g)
+    ids = torch.randint(3, vocab, (SEQ,), generator=g).to(device)
     ref = model(ids[None]).logits[0].float()
     one = engine.logits(engine.forward(ids, KVCache.empty(engine.shape.n_layers)))
     cache, parts = KVCache.empty(engine.shape.n_layers), []

@@ -13,12 +13,14 @@ from .main import app, err, out
 @app.command()
 def models(all_types: bool = typer.Option(False, "--all", help="also every other causal-LM model type transformers "
                                           "ships, with its default config (tiny sizes)"),
-           out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table (markdown) here")):
+           out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table (markdown) here"),
+           device: str = typer.Option("cpu", help="where both run: cpu, cuda, cuda:1 ... (fp32, TF32 off)")):
     """Check every model type / variant against transformers (tiny random weights, offline): one-shot and
     chunked prefill logits and greedy tokens, or the engine's refusal. Prints a markdown table."""
     import transformers
 
     from ..conformance import VARIANTS, all_variants, check, table
+    from ..model import ModelLoadError, pick_device
     from ..outputs import write_atomic
     from .main import CliError, checked_output, fail
 
@@ -27,13 +29,17 @@ def models(all_types: bool = typer.Option(False, "--all", help="also every other
             out_file = checked_output(out_file, "--out", folder=False)
         except CliError as e:
             fail(e)
+    try:
+        device = str(pick_device(device))
+    except ModelLoadError as e:
+        fail(CliError(str(e)))
     variants = all_variants() if all_types else VARIANTS
     results = []
     with err.status("") as status:
         for name, (model_type, overrides) in variants.items():
             status.update(f"checking {name} ({len(results) + 1}/{len(variants)})")
-            results.append(check(name, model_type, overrides))
-    text = (f"transformers {transformers.__version__}; {sum(r.status == 'equal' for r in results)} equal, "
+            results.append(check(name, model_type, overrides, device=device))
+    text = (f"transformers {transformers.__version__} on {device}; {sum(r.status == 'equal' for r in results)} equal, "
             f"{sum(r.status == 'refused' for r in results)} refused, "
             f"{sum(r.status == 'not built' for r in results)} not built offline, "
             f"{sum(r.status == 'different' for r in results)} different\n\n" + table(results))

@@ -1,8 +1,10 @@
 """Natural-text haystacks and needles, generated offline.
 
-The default haystack is English prose that every Python installation carries: the help topics of the
-Python reference manual (``pydoc_data.topics``, from the CPython documentation, PSF License). Code
-blocks and tables are dropped, leaving ~500 kB of paragraphs. Users can point at their own text.
+The default haystack is English prose: the help topics of the Python reference manual
+(``pydoc_data.topics``, from the CPython documentation, PSF License), code blocks and tables dropped,
+~150 kB of paragraphs frozen into ``prose.txt`` from CPython 3.11 (each Python release ships different
+topics, and rows built from the running interpreter's copy differed between 3.11 and 3.12). Users can
+point at their own text.
 """
 
 from __future__ import annotations
@@ -11,25 +13,16 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 
 
 @lru_cache(maxsize=1)
 def builtin_paragraphs() -> tuple[str, ...]:
-    from pydoc_data.topics import topics
-
-    paras = []
-    for body in topics.values():
-        for block in re.split(r"\n\s*\n", body):
-            lines = [ln.strip() for ln in block.splitlines()]
-            text = " ".join(ln for ln in lines if ln)
-            # prose only: long enough, sentence punctuation, no code/table/markup lines
-            if len(text) < 120 or not text.endswith(".") or any(
-                    ln.startswith((">>>", "...", "+", "|", "=", "*", "-", "::")) for ln in lines) \
-                    or text.count("(") > 4 or "**" in text:
-                continue
-            paras.append(text)
-    return tuple(dict.fromkeys(paras))
+    """The built-in prose paragraphs (``prose.txt``: frozen from CPython 3.11's ``pydoc_data``, so rows do
+    not change with the Python that runs them; ``scripts/make_prose.py`` made it)."""
+    text = resources.files(__package__).joinpath("prose.txt").read_text(encoding="utf-8")
+    return tuple(p.strip() for p in text.split("\n\n") if p.strip())
 
 
 def paragraphs_from(folder: str | Path) -> tuple[str, ...]:

@@ -72,7 +72,8 @@ class Rotary:
         half-size tables, as GPT-OSS's does); else, when it only accepts the first ``rot_dim`` dimensions
         (StableLM, Phi), the function on those, the rest passed through."""
         fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
-        table, _ = self._call(torch.zeros(1), torch.arange(2)[None], self.table_key[layer])
+        dev = next((b.device for b in self.emb.buffers()), torch.device("cpu"))   # some modules never move inv_freq
+        table, _ = self._call(torch.zeros(1, device=dev), torch.arange(2, device=dev)[None], self.table_key[layer])
         r = table.shape[-1]
         g = torch.Generator().manual_seed(0)
         x, ang = torch.randn(3, 5, head_dim, generator=g), torch.rand(5, (r + 1) // 2, generator=g) * 6
