@@ -220,3 +220,27 @@ def test_fused_eviction_scores_equal_attention_received(start, t, w, softcap, si
     monkeypatch.setenv("REFORM_CPU_ATTENTION", "flash")      # the unfused path, when no softcap/sinks
     if softcap is None:
         torch.testing.assert_close(attention_and_received(q, k, v, start, 0.3, w)[1], ref)
+
+
+class _RotaryKeptElsewhere(torch.nn.Module):
+    """A rotary module that, like transformers 5.17's Cohere one, never moves its frequencies to the input's
+    device: positions on another device fail. Its buffer lives on ``meta`` as the stand-in for a GPU."""
+
+    def __init__(self, head_dim):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.ones(head_dim // 2, device="meta"))
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def test_rotary_probe_runs_on_the_rotary_modules_device():
+    """The RoPE probe at construction calls the module on its own device (on CUDA, Cohere was refused
+    because the probe's positions were on the CPU)."""
+    cfg = tiny().config
+    emb = _RotaryKeptElsewhere(cfg.head_dim)
+    with pytest.raises(RuntimeError):                 # the module itself refuses positions on the CPU
+        emb(torch.zeros(1), torch.arange(2)[None])
+    Rotary(emb, [torch.nn.Module() for _ in range(cfg.num_hidden_layers)], cfg)
