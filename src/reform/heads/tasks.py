@@ -8,8 +8,8 @@
   filler, plus distractor chains about other people; the question needs every link; the gold tokens are
   the supporting facts.
 
-Filler: prose paragraphs of the Python reference manual shipped with every CPython (``pydoc_data``, PSF
-License), see ``reform.data.haystack``.
+Filler: prose paragraphs of the Python reference manual (``pydoc_data``, PSF License, frozen from
+CPython 3.11 into the package), see ``reform.data.haystack``.
 """
 
 from __future__ import annotations
