@@ -82,6 +82,17 @@ def test_method_options_by_name(text_file):
     assert r.exit_code == 2 and "bad --option 'dca'" in r.output
 
 
+def test_profile_flag(text_file):
+    """--profile reaches reform's config; a bad name, or a method without profiles, is refused before
+    the model loads."""
+    r = run("ask", str(text_file), "-q", "What?", "--profile", "turbo")
+    assert r.exit_code == 2 and "must be one of default, fast, got 'turbo'" in r.output
+    r = run("ask", str(text_file), "-q", "What?", "--method", "h2o", "--profile", "fast")
+    assert r.exit_code == 2 and "takes no --profile option" in r.output
+    from reform.cli.main import parse_options
+    assert parse_options(["segments=2"], "fast") == {"profile": "fast", "segments": 2}
+
+
 def test_option_values_are_typed():
     from reform.cli.main import parse_options
     assert parse_options(["dca=true", "retrieval_layer=14", "weight=0.5", "heads=5:v:2"]) == \

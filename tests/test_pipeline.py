@@ -102,10 +102,31 @@ def test_reform_with_budgets_covering_input_equals_plain_generation(tiny_model, 
     (dict(heads="1:k:5"), "index must be in 0..1"),
     (dict(heads="1:x:0"), "bad head"),
     (dict(chunk_size=0), "positive"),
+    (dict(profile="turbo"), "profile of reform must be one of default, fast"),
 ])
 def test_bad_budgets_and_heads_are_refused(tokenizer, opts, msg):
     with pytest.raises(ValueError, match=msg):
         make(tiny(), tokenizer, **opts)
+
+
+def test_fast_profile_is_the_same_context_as_its_numbers(tokenizer):
+    """profile="fast" sets chunk and cache to W/8 (W = 512 here) where not given, and a context encoded
+    with it is the one encoded with those numbers: same store key, same answer, same saved options."""
+    from reform.methods.options import options_json
+    model = tiny()
+    fast = make(model, tokenizer, chunk_size=None, cache_budget=None, profile="fast")
+    numbers = make(model, tokenizer, chunk_size=64, cache_budget=64)
+    default = make(model, tokenizer, chunk_size=None, cache_budget=None)
+    assert (fast.method.config.chunk_size, fast.method.config.cache_budget) == (64, 64)
+    assert (default.method.config.chunk_size, default.method.config.cache_budget) == (128, 128)
+    assert make(model, tokenizer, chunk_size=32, cache_budget=None, profile="fast").method.config.chunk_size == 32
+    ids = fast.tokenize_context(CONTEXT)
+    assert fast.context_key(ids) == numbers.context_key(ids) != default.context_key(ids)
+    assert options_json(fast.method.config) == options_json(numbers.method.config)
+    assert fast.encode(CONTEXT).ask(QUESTION, max_new_tokens=6).tokens == \
+        numbers.encode(CONTEXT).ask(QUESTION, max_new_tokens=6).tokens
+    with pytest.raises(ValueError, match="does not take profile"):
+        Pipeline(model, tokenizer, method="h2o", profile="fast")
 
 
 def test_unknown_method_and_empty_inputs(tokenizer):

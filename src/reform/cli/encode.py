@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .main import (CacheOpt, ChatTemplateOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt,
-                   ModelOpt, OptionOpt, RecomputeOpt, app, check_load_options, checked_output,
+                   ModelOpt, OptionOpt, ProfileOpt, RecomputeOpt, app, check_load_options, checked_output,
                    encode_text, err, fail, load_options, on_interrupt, parse_options, pipeline_from,
                    read_text_file)
 
@@ -36,6 +36,7 @@ def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --sto
            chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
            recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
            dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
+           profile: Optional[str] = ProfileOpt,
            chat_template: bool = ChatTemplateOpt):
     """Encode documents once and save their contexts; ask them later with `reform ask --context FILE`
     or through `reform serve --store`."""
@@ -46,7 +47,7 @@ def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --sto
         if ray and store is None:
             raise CliError("--ray encodes into a store: give --store FOLDER_OR_URL")
         load = load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
-                            chat_template, parse_options(option))
+                            chat_template, parse_options(option, profile))
     except CliError as e:
         fail(e)
     if output is not None:

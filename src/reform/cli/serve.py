@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .main import (CacheOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt, ModelOpt, OptionOpt,
-                   RecomputeOpt, app, check_load_options, checked_output, err, fail, load_options,
+                   ProfileOpt, RecomputeOpt, app, check_load_options, checked_output, err, fail, load_options,
                    parse_options, pipeline_from)
 
 
@@ -36,6 +36,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
           dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
+          profile: Optional[str] = ProfileOpt,
           ray: bool = typer.Option(False, "--ray", help="run --replicas copies as Ray Serve replicas"),
           address: Optional[str] = typer.Option(None, "--address", envvar="RAY_ADDRESS",
                                                 help="the Ray cluster (default: $RAY_ADDRESS, else a local one)"),
@@ -57,7 +58,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
             raise CliError("--api-key is empty")
         check_port_free(host, port)
         load = load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype, True,
-                            parse_options(option))
+                            parse_options(option, profile))
         settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens)

@@ -80,6 +80,10 @@ def _typed(method: str, name: str, hint, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{what} must be a number, got {value!r}")
         return float(value)
+    if typing.get_origin(hint) is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ValueError(f"{what} must be one of {', '.join(map(str, typing.get_args(hint)))}, got {value!r}")
+        return value
     if hint is str:
         if not isinstance(value, str):
             raise ValueError(f"{what} must be text, got {value!r}")
@@ -227,9 +231,15 @@ def to_json_value(value):
     return str(value)      # e.g. a HeadSpec
 
 
+INPUT_ONLY = {"input_only": True}   # field metadata: resolving turns the field into other fields' values
+
+
 def options_json(config) -> dict:
-    """Every field of a (resolved) method config as plain JSON; ``{}`` for a method without options."""
-    return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config)} if config is not None else {}
+    """Every field of a (resolved) method config as plain JSON, but the input-only ones (``INPUT_ONLY``:
+    already spelled out in the fields they set); ``{}`` for a method without options."""
+    if config is None:
+        return {}
+    return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config) if not f.metadata.get("input_only")}
 
 
 def options_from_json(config_cls: type | None, data: dict) -> dict:
