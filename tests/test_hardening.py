@@ -182,6 +182,22 @@ def test_heads_select_length_bounds(tiny_model_dir, tmp_path, monkeypatch):
     assert r.exit_code == 2 and "does not fit the model's window (512)" in r.stderr, r.output   # 4. no upper bound
 
 
+def test_heads_select_depth_cap_from_a_stored_table(tmp_path, monkeypatch):
+    """--max-depth caps the layers heads come from; --table re-selects from a preset's MNR table without
+    loading a model or measuring (here: the shipped SmolLM2 table, below 40 % depth = layers 0-11)."""
+    import reform.heads
+    monkeypatch.setattr("reform.cli.heads._load", lambda *a: pytest.fail("loaded a model"))
+    shipped = Path(reform.heads.__file__).parent / "presets" / "smollm2-135m-instruct.json"
+    r = run("heads", "select", "--table", shipped, "--max-depth", "0.4", "--out", tmp_path / "h.json")
+    assert r.exit_code == 0, r.output
+    out = json.loads((tmp_path / "h.json").read_text())
+    assert out["heads"] == ["5:v:2", "3:k:2", "6:v:2", "3:v:2"] and "below 40% depth (layers 0-11)" in out["rule"]
+    r = run("heads", "select", "--table", shipped, "--out", tmp_path / "h7.json")      # the paper's 70 %
+    assert json.loads((tmp_path / "h7.json").read_text())["heads"] == ["5:v:2", "3:k:2", "12:v:1", "18:v:2"]
+    r = run("heads", "select", "--table", shipped, "--max-depth", "0", "--out", tmp_path / "h0.json")
+    assert r.exit_code == 2 and "depth cap must be in (0, 1]" in r.stderr and not (tmp_path / "h0.json").exists()
+
+
 # 4. Accepted without a check ---------------------------------------------------------------------------
 def test_tiny_chunks_refused():
     with pytest.raises(ValueError, match="chunk size 1 is below this model's minimum of 64 tokens"):

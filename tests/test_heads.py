@@ -51,6 +51,10 @@ def test_gold_tokens_are_the_supporting_facts(tokenizer, task):
 def test_depth_rule_and_selection_without_duplicates():
     shape = model_shape(tiny())                                               # 4 layers
     assert max_layer_for(30) == 21 and max_layer_for(4) == 2 and max_layer_for(28) == 19
+    assert max_layer_for(30, 0.4) == 12 and max_layer_for(4, 0.1) == 1 and max_layer_for(4, 1.0) == 4
+    for bad in (0, -0.5, 1.01):
+        with pytest.raises(ValueError, match="depth cap"):
+            max_layer_for(30, bad)
     heads = all_heads(shape)
     good = {HeadSpec(3, "v", 0): 0.0, HeadSpec(1, "q", 2): 0.01, HeadSpec(0, "k", 1): 0.02, HeadSpec(1, "v", 1): 0.03}
     mnr = {"pattern": [good.get(h, 0.5) for h in heads], "multihop": [good.get(h, 0.5) for h in heads]}
@@ -59,6 +63,8 @@ def test_depth_rule_and_selection_without_duplicates():
     assert HeadSpec(3, "v", 0) not in sel                                     # layer 3 >= 70 % of 4 layers
     assert sel[:2] == [HeadSpec(1, "q", 2), HeadSpec(0, "k", 1)] and len(set(sel)) == 4
     assert all(h.layer < 2 for h in sel) and len(table.worst()) == 4
+    assert table.select(max_depth=1.0)[0] == HeadSpec(3, "v", 0)              # uncapped: the best head
+    assert all(h.layer == 0 for h in table.select(max_depth=0.25))
     rt = MNRTable.from_json("toy", json.loads(json.dumps(table.to_json())))
     assert rt.select() == sel and rt.mnr == table.mnr
 

@@ -83,38 +83,48 @@ def select(out: Path = typer.Option(Path("heads.json"), "--out", "-o", help="pre
            samples: int = typer.Option(10, "--samples", min=1, help="samples per task"),
            length: Optional[int] = typer.Option(None, "--length", help="tokens per sample (default: window-512)"),
            seed: int = typer.Option(0, "--seed"),
+           max_depth: float = typer.Option(0.7, "--max-depth", help="select heads only from layers below this "
+                                           "fraction of the depth (the paper's 0.7); lower exits the encode earlier"),
+           from_table: Optional[Path] = typer.Option(None, "--table", help="select from the MNR table of this "
+                                                     "preset JSON instead of measuring again (no model needed)"),
            plots: Optional[Path] = typer.Option(None, "--plots", help="folder for heat maps (default: next to --out)"),
            model: Optional[str] = typer.Option(None, "--model", "-m"),
            device: Optional[str] = typer.Option(None, "--device"),
            dtype: Optional[str] = typer.Option(None, "--dtype")):
     """Score every head by MNR on the two calibration tasks and write a preset with the selected heads."""
     from ..heads.plots import heat_maps
-    from ..heads.select import check_sample_length, measure, to_preset
+    from ..heads.select import MNRTable, check_sample_length, max_layer_for, measure, to_preset
     from ..outputs import write_atomic
     try:
         check_sample_length(length)
+        max_layer_for(1, max_depth)
     except ValueError as e:
         _fail(str(e))
     out, plots = _writable(out, "--out"), _writable(plots, "--plots", folder=True)
-    pipe = _load(model, device, dtype)
     t0 = time.perf_counter()
-    try:
-        check_sample_length(length, pipe.engine.shape.window)
-        with _progress(2 * samples, "scoring heads") as bar:
-            task = bar.add_task("x", total=2 * samples)
-            table = measure(pipe, samples=samples, length=length, seed=seed,
-                            progress=lambda n: bar.advance(task, n))
-    except ValueError as e:
-        _fail(str(e))
-    heads = table.select()
+    if from_table is not None:
+        data = _read(from_table)
+        table = MNRTable.from_json(data["model"], data["table"])
+    else:
+        pipe = _load(model, device, dtype)
+        try:
+            check_sample_length(length, pipe.engine.shape.window)
+            with _progress(2 * samples, "scoring heads") as bar:
+                task = bar.add_task("x", total=2 * samples)
+                table = measure(pipe, samples=samples, length=length, seed=seed,
+                                progress=lambda n: bar.advance(task, n))
+        except ValueError as e:
+            _fail(str(e))
+        table.info["seconds"] = round(time.perf_counter() - t0, 1)
+    heads = table.select(max_depth=max_depth)
     table.info["selected"] = [str(h) for h in heads]
-    table.info["seconds"] = round(time.perf_counter() - t0, 1)
-    preset = to_preset(table, heads)
+    table.info["max_depth"] = max_depth
+    preset = to_preset(table, heads, max_depth)
     write_atomic(out, json.dumps(preset, indent=1))
     _show(preset)
     for p in heat_maps(table, plots or out.parent, out.stem):
         console.print(f"heat map: {p}")
-    console.print(f"wrote {out} in {table.info['seconds']} s; use it with --heads {out}")
+    console.print(f"wrote {out} in {time.perf_counter() - t0:.1f} s; use it with --heads {out}")
 
 
 @app.command()

@@ -46,7 +46,10 @@ def smooth_mean(scores: torch.Tensor, window: int = 20) -> torch.Tensor:
 
 
 def max_layer_for(n_layers: int, max_depth: float = 0.7) -> int:
-    """Number of layers whose heads may be selected: those below ``max_depth`` of the depth."""
+    """Number of layers whose heads may be selected: those below ``max_depth`` of the depth (0 < d <= 1).
+    The paper's 70 % lets early exit pay; a lower cap exits earlier still (a cheaper encode)."""
+    if not 0 < max_depth <= 1:
+        raise ValueError(f"the depth cap must be in (0, 1], got {max_depth}")
     return max(1, int(max_depth * n_layers + 1e-9))
 
 
@@ -233,10 +236,11 @@ def random_heads(shape, seed: int = 0, k: int = 4, max_depth: float = 0.7) -> li
     return random.Random(seed).sample(pool, k)
 
 
-def to_preset(table: MNRTable, heads: list[HeadSpec]) -> dict:
+def to_preset(table: MNRTable, heads: list[HeadSpec], max_depth: float = 0.7) -> dict:
     per = {t: dict(zip(map(str, table.heads), table.mnr[t])) for t in table.mnr}
     return {"model": table.model, "heads": [str(h) for h in heads],
             "selected": [{"head": str(h), **{t: round(per[t][str(h)], 6) for t in per}} for h in heads],
-            "rule": "2 best heads per task by MNR from layers below 70% depth, no duplicates (REFORM C.6)",
+            "rule": f"2 best heads per task by MNR from layers below {max_depth:.0%} depth "
+                    f"(layers 0-{max_layer_for(table.n_layers, max_depth) - 1}), no duplicates (REFORM C.6)",
             "layer_indexing": "0-based decoder layer index",
             "table": table.to_json()}
