@@ -196,6 +196,8 @@ def test_heads_select_depth_cap_from_a_stored_table(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "h7.json").read_text())["heads"] == ["5:v:2", "3:k:2", "12:v:1", "18:v:2"]
     r = run("heads", "select", "--table", shipped, "--max-depth", "0", "--out", tmp_path / "h0.json")
     assert r.exit_code == 2 and "depth cap must be in (0, 1]" in r.stderr and not (tmp_path / "h0.json").exists()
+    r = run("heads", "select", "--table", shipped, "--model", "x", "--out", tmp_path / "hm.json")
+    assert r.exit_code == 2 and "--model cannot be combined with --table" in r.stderr
 
 
 # 4. Accepted without a check ---------------------------------------------------------------------------

@@ -97,9 +97,13 @@ def select(out: Path = typer.Option(Path("heads.json"), "--out", "-o", help="pre
     from ..outputs import write_atomic
     try:
         check_sample_length(length)
-        max_layer_for(1, max_depth)
+        max_layer_for(1, max_depth)                 # refuses a depth cap outside (0, 1]
     except ValueError as e:
         _fail(str(e))
+    measuring = [flag for flag, given in (("--model", model), ("--device", device), ("--dtype", dtype),
+                                          ("--length", length)) if given is not None]
+    if from_table is not None and measuring:
+        _fail(f"{', '.join(measuring)} cannot be combined with --table: the table was measured already")
     out, plots = _writable(out, "--out"), _writable(plots, "--plots", folder=True)
     t0 = time.perf_counter()
     if from_table is not None:
