@@ -5,6 +5,12 @@
     python scripts/cluster_benchmark.py corpus --docs 8 --length 16384 --out docs/results/cluster-local
     # one document, REFORM's segment-parallel encode: S = 1 in one process, S > 1 over min(S, CPUs) actors
     python scripts/cluster_benchmark.py segments --length 131072 --segments 1,2,4,8 --out docs/results/cluster-local
+    # the same, every S on the cluster with one thread per actor (S = 1: one actor): the gain of S workers
+    # over one, with the threads per worker held fixed (what a machine with fewer cores than S x threads shows)
+    python scripts/cluster_benchmark.py segments --one-thread --length 131072 --segments 1,2 --out docs/results/cluster-local
+    # each segment's own encode time on one thread, in this process, one segment after another: the wall
+    # time S one-thread workers would need is the slowest segment (for S above this machine's cores)
+    python scripts/cluster_benchmark.py segment-times --length 131072 --segments 1,2,4,8 --out docs/results/cluster-local
 
 Each run appends to ``OUT/results.jsonl`` (resumable: a finished configuration is skipped) and every
 answer is checked against the needle; the machine is recorded with every row.
@@ -77,6 +83,32 @@ def answers(store: Path, results: list[dict], docs: list[dict]) -> list[bool]:
     return ok
 
 
+def timed_segments(doc: dict, segments: int) -> dict:
+    """Encode ``doc`` with ``segments`` on one thread, timing every segment on its own (through
+    ``Pipeline.segment_runner``, the hook the Ray actors use), then ask its needle."""
+    import time
+    import torch
+    from reform.pipeline import Pipeline
+    torch.set_num_threads(1)
+    pipe, seconds = Pipeline.load(segments=segments), []
+
+    def one_by_one(todo: list) -> list:
+        parts = []
+        for ids, skip, last in todo:
+            t = time.perf_counter()
+            parts.append(pipe.method.encode_segment(pipe, ids, skip, keep_cache=last))
+            seconds.append(round(time.perf_counter() - t, 2))
+        return parts
+
+    pipe.segment_runner = one_by_one
+    ctx = pipe.encode(Path(doc["path"]).read_text())
+    seconds = seconds or [round(ctx.encode_seconds, 2)]          # S = 1 does not go through the runner
+    text = ctx.ask(doc["question"], answer_prefix=doc["answer_prefix"], max_new_tokens=16).text
+    return {"tokens": int(ctx.ids.shape[0]), "dtype": str(pipe.engine.dtype).removeprefix("torch."),
+            "encode_seconds": round(ctx.encode_seconds, 2), "segment_seconds": seconds,
+            "slowest_segment_seconds": max(seconds), "needles_answered": int(doc["answer"] in text)}
+
+
 def append(out: Path, row: dict) -> None:
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -89,15 +121,27 @@ def done(out: Path) -> set[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["corpus", "segments"])
+    ap.add_argument("mode", choices=["corpus", "segments", "segment-times"])
     ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--length", type=int, default=16384)
     ap.add_argument("--segments", default="1,2,4,8")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--one-thread", action="store_true",
+                    help="segments: every S on Ray with min(S, CPUs) actors x 1 thread, S = 1 included")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cpus = os.cpu_count() or 1
     machine = {"cpu": cpu_model(), "cpus": cpus}
+    if args.mode == "segment-times":
+        doc = write_documents(args.out / f"long-{args.length}", 1, args.length, seed=1)[0]
+        finished = done(args.out)
+        for s in (int(x) for x in args.segments.split(",")):
+            config = f"segment-times 1x{args.length}: segments={s}, one thread"
+            if config not in finished:
+                row = {"config": config, **machine, **timed_segments(doc, s)}
+                append(args.out, row)
+                print(json.dumps(row))
+        return
     if args.mode == "corpus":
         docs = write_documents(args.out / f"corpus-{args.docs}x{args.length}", args.docs, args.length, seed=0)
         runs = {"one process": [], f"ray, {cpus} workers x 1 thread": ["--ray", "--workers", str(cpus)]}
@@ -109,7 +153,11 @@ def main() -> None:
             # S = 1 is the sequential encode in one process; the accuracy of S > 1 does not depend on where
             # the segments run (tests/test_segments.py), so only their wall time on the cluster is measured
             extra = ["--option", f"segments={s}"]
-            if s == 1:
+            if args.one_thread:
+                workers = min(s, cpus)
+                runs[f"segments={s}, ray, {workers} workers x 1 thread"] = extra + [
+                    "--ray", "--workers", str(workers), "--threads-per-worker", "1"]
+            elif s == 1:
                 runs["segments=1, one process"] = extra
             else:
                 runs[f"segments={s}, ray, {min(s, cpus)} workers"] = extra + ["--ray", "--workers", str(min(s, cpus))]

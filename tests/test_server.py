@@ -200,10 +200,10 @@ def test_full_queue_answers_503_with_retry_after(store):
     with LiveServer(make_pipe(), store, queue_size=1) as server:
         release, loop = threading.Event(), asyncio.new_event_loop()
         blocker = lambda: Job(lambda job: release.wait(30), loop, loop.create_future())
-        server.worker.jobs.put(blocker())                 # the worker takes this one and blocks
+        server.worker.put(blocker())                      # the worker takes this one and blocks
         while server.worker.busy_since is None:
             time.sleep(0.01)
-        server.worker.jobs.put(blocker())                 # this one fills the queue
+        server.worker.put(blocker())                      # this one fills the queue
         try:
             with pytest.raises(openai.APIStatusError) as e:
                 chat(server.client(), DOC_CHAT)
@@ -212,6 +212,43 @@ def test_full_queue_answers_503_with_retry_after(store):
             release.set()
         assert chat(server.client(), DOC_CHAT).choices[0].message.content is not None
         loop.close()
+
+
+def test_questions_do_not_wait_behind_an_encode(store):
+    """While a long upload encodes, a question on a context already stored is answered between two of its
+    chunks, exactly as the library answers it; questions that need the encode wait for it; and the
+    interleaved encode stores the same context as an encode left alone."""
+    long_doc = DOC * 6
+    expected = make_pipe().encode(DOC).ask(QUESTION, max_new_tokens=10).text
+    expected_long = make_pipe().encode(long_doc).ask(QUESTION, max_new_tokens=10).text
+    pipe = make_pipe()
+    chunk = pipe.engine._chunk
+
+    def slow_chunk(*args):             # an encode's chunks (they report progress) take 0.2 s each
+        if args[-1] is not None:
+            time.sleep(0.2)
+        return chunk(*args)
+
+    pipe.engine._chunk = slow_chunk
+    with LiveServer(pipe, store) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        client = server.client()
+        assert chat(client, DOC_CHAT).choices[0].message.content == expected          # DOC is stored now
+        key = http.post("/v1/contexts", json={"text": long_doc}).json()["id"]
+        while (status := http.get(f"/v1/contexts/{key}").json())["tokens_encoded"] == 0:
+            time.sleep(0.02)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:   # a question on the context being encoded
+            waiting = pool.submit(client.chat.completions.create, model="reform", max_tokens=10,
+                                  extra_body={"context_id": key}, messages=[{"role": "user", "content": QUESTION}])
+            answer = chat(client, DOC_CHAT)
+            during = http.get(f"/v1/contexts/{key}").json()
+            assert during["status"] == "encoding" and during["tokens_encoded"] < during["tokens"]
+            assert answer.choices[0].message.content == expected
+            assert answer.model_extra["reform"]["encoded"] is False
+            assert not waiting.done()
+            assert waiting.result().choices[0].message.content == expected_long
+        assert http.get(f"/v1/contexts/{key}").json()["status"] == "ready" and server.worker.encoded == 2
+    restored = make_pipe().load_context(store / f"{key}.reform")
+    assert restored.ask(QUESTION, max_new_tokens=10).text == expected_long
 
 
 def test_client_leaving_mid_stream_frees_the_worker(store):

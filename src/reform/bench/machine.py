@@ -37,6 +37,9 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def machine_info(device: torch.device) -> dict:
     info = {"cpu": cpu_name(), "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "platform": f"{platform.system()} {platform.machine()}",
@@ -49,4 +52,10 @@ def machine_info(device: torch.device) -> dict:
     except OSError:
         pass
     info["cpu_bf16"] = [f for f in ("amx_bf16", "avx512_bf16") if f in flags.split()]
+    if device.type == "cpu":   # the vector ISA PyTorch's kernels run (AVX2 on an AVX512 CPU if capped)
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    # ISA caps for PyTorch, oneDNN and MKL: a run made under them is not the CPU's own speed
+    capped = {k: os.environ[k] for k in ISA_CAPS if os.environ.get(k)}
+    if capped:
+        info["isa_caps"] = capped
     return info

@@ -143,13 +143,13 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
                 return True
         return worker.store.has(key)
 
-    def submit(fn, *, stream: bool = False):
+    def submit(fn, *, stream: bool = False, key: str | None = None):
         try:
-            return worker.submit(fn, stream=stream)
+            return worker.submit(fn, stream=stream, key=key)
         except QueueFull:
             raise ApiError(503, "the server is busy: too many requests are waiting; retry later",
                            type="server_error", code="queue_full",
-                           headers={"Retry-After": str(max(1, worker.jobs.qsize()))}) from None
+                           headers={"Retry-After": str(max(1, worker.queued()))}) from None
 
     def failure(e: BaseException) -> ApiError:
         """A job's exception as the HTTP error it deserves."""
@@ -258,7 +258,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
                              **req.sampling())
             return answer, encoded
 
-        job = submit(work, stream=req.stream)
+        job = submit(work, stream=req.stream, key=key)    # with key: may answer during another's encode
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
         def usage(answer) -> dict:
@@ -394,7 +394,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_id, "method": pipe.method.name, "queued": worker.jobs.qsize(),
+        return {"status": "ok", "model": model_id, "method": pipe.method.name, "queued": worker.queued(),
                 "busy": worker.busy_since is not None, "contexts_encoded": worker.encoded,
                 "stored_contexts": len(worker.store.entries())}
 

@@ -2,6 +2,10 @@
 side only waits for their results (or their streamed text), so a slow encode never blocks the event loop
 and two requests never touch the model at once.
 
+Questions do not wait behind an encode: between two chunks of an encode, the thread answers the queued
+questions whose context is already in memory or in the store (jobs submitted with ``key``), then goes on
+with the encode. A long upload delays such a question by about one chunk, not by the whole encode.
+
 A context is named by its content key (``Pipeline.context_key``); the worker finds it in memory (a few
 recently used ones), else in the store (a saved file: no encode), else encodes it once and saves it.
 """
@@ -9,10 +13,9 @@ recently used ones), else in the store (a saved file: no encode), else encodes i
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -25,6 +28,10 @@ class Cancelled(Exception):
 
 class QueueFull(Exception):
     """More requests are waiting than the queue holds."""
+
+
+class Deferred(Exception):
+    """A job taken up between two chunks of an encode needs an encode itself: it goes back to the queue."""
 
 
 @dataclass
@@ -55,6 +62,7 @@ class Job:
     future: asyncio.Future
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    key: str | None = None        # the context a question reads: it may run between an encode's chunks
 
     def check(self) -> None:
         if self.cancel.is_set():
@@ -86,7 +94,10 @@ class Worker:
 
     def __init__(self, pipe, store: ContextStore, *, queue_size: int = 16, memory_contexts: int = 4):
         self.pipe, self.store = pipe, store
-        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self.pending: deque[Job | None] = deque()                # None: stop once the jobs before it ran
+        self.arrived = threading.Condition()                     # guards ``pending``
+        self.encoding: str | None = None                         # the key being encoded, between its chunks
         self.memory_contexts = memory_contexts
         self.loaded: OrderedDict[str, Any] = OrderedDict()       # key -> Context, most recent last
         self.status: dict[str, ContextStatus] = {}                # contexts queued, encoding or failed here
@@ -97,31 +108,66 @@ class Worker:
         self.thread.start()
 
     # ------------------------------------------------------------------ queue
-    def submit(self, fn: Callable[[Job], Any], *, stream: bool = False) -> Job:
+    def submit(self, fn: Callable[[Job], Any], *, stream: bool = False, key: str | None = None) -> Job:
+        """Queue ``fn``; ``key``: the context it reads, when it may answer between an encode's chunks."""
         loop = asyncio.get_running_loop()
-        job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None)
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull() from None
+        job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None, key=key)
+        self.put(job)
         return job
 
+    def put(self, job: Job | None) -> None:
+        with self.arrived:
+            if job is not None and len(self.pending) >= self.queue_size:
+                raise QueueFull()
+            self.pending.append(job)
+            self.arrived.notify()
+
+    def queued(self) -> int:
+        return len(self.pending)
+
     def stop(self) -> None:
-        self.jobs.put(None)
+        self.put(None)
         self.thread.join(timeout=30)
 
     def _run(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            if job.cancel.is_set():
-                job._resolve(False, Cancelled())
+        while True:
+            with self.arrived:
+                while not self.pending:
+                    self.arrived.wait()
+                job = self.pending.popleft()
+            if job is None:
+                return
+            self._execute(job)
+
+    def _execute(self, job: Job) -> None:
+        if job.cancel.is_set():
+            job._resolve(False, Cancelled())
+            return
+        outer, self.busy_since = self.busy_since, time.monotonic()
+        try:
+            job._resolve(True, job.fn(job))
+        except Deferred:
+            with self.arrived:
+                self.pending.appendleft(job)
+        except BaseException as e:      # every failure goes back to its request; the thread lives on
+            job._resolve(False, e)
+        finally:
+            self.busy_since = outer
+
+    def _answer_waiting(self) -> None:
+        """Between two chunks of an encode: run the queued questions whose context is at hand."""
+        with self.arrived:
+            waiting = [j for j in self.pending if j is not None and j.key is not None and j.key != self.encoding]
+        for job in waiting:
+            with self.lock:
+                at_hand = job.key in self.loaded
+            if not (at_hand or self.store.has(job.key)):
                 continue
-            self.busy_since = time.monotonic()
-            try:
-                job._resolve(True, job.fn(job))
-            except BaseException as e:      # every failure goes back to its request; the thread lives on
-                job._resolve(False, e)
-            finally:
-                self.busy_since = None
+            with self.arrived:
+                if job not in self.pending:
+                    continue
+                self.pending.remove(job)
+            self._execute(job)
 
     # ------------------------------------------------------------------ contexts (run on the model thread)
     def context(self, key: str, text: str | None, job: Job):
@@ -148,6 +194,8 @@ class Worker:
         return self._encode(key, text, job), True
 
     def _encode(self, key: str, text: str, job: Job):
+        if self.encoding is not None:       # taken up between another encode's chunks: wait for it to end
+            raise Deferred()
         status = self.status.get(key)
         if status is None:
             status = self.status[key] = ContextStatus(key, "queued", 0, method=self.pipe.method.name)
@@ -163,7 +211,9 @@ class Worker:
             if time.monotonic() - last[0] > 2:       # other replicas see the progress every few seconds
                 last[0] = time.monotonic()
                 self.publish(key)
+            self._answer_waiting()
 
+        self.encoding = key
         try:
             ctx = self.pipe.encode(text, progress)
             status.tokens_encoded = status.tokens
@@ -176,6 +226,8 @@ class Worker:
             status.status, status.error = "failed", str(e).splitlines()[0] if str(e) else type(e).__name__
             self.publish(key)
             raise
+        finally:
+            self.encoding = None
         status.status, status.encode_seconds = "ready", round(ctx.encode_seconds, 3)
         self.store.drop_note(key)
         self.encoded += 1
