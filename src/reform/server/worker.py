@@ -52,7 +52,7 @@ class ContextStatus:
         return {"object": "context", **asdict(self)}
 
 
-@dataclass
+@dataclass(eq=False)        # a job is itself: found in and removed from the queue by identity
 class Job:
     """Work for the model thread. ``fn(job)`` runs there; its result or exception resolves ``future`` on
     the event loop; ``emit`` sends streamed pieces to ``events``."""
@@ -161,7 +161,11 @@ class Worker:
         for job in waiting:
             with self.lock:
                 at_hand = job.key in self.loaded
-            if not (at_hand or self.store.has(job.key)):
+            try:
+                at_hand = at_hand or self.store.has(job.key)
+            except Exception:       # a store that fails to answer must not fail the encode: ask again later
+                at_hand = False
+            if not at_hand:
                 continue
             with self.arrived:
                 if job not in self.pending:
