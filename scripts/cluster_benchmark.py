@@ -8,9 +8,10 @@
     # the same, every S on the cluster with one thread per actor (S = 1: one actor): the gain of S workers
     # over one, with the threads per worker held fixed (what a machine with fewer cores than S x threads shows)
     python scripts/cluster_benchmark.py segments --one-thread --length 131072 --segments 1,2 --out docs/results/cluster-local
-    # each segment's own encode time on one thread, in this process, one segment after another: the wall
-    # time S one-thread workers would need is the slowest segment (for S above this machine's cores)
+    # each segment's own encode time on one thread (--threads), in this process, one segment after another:
+    # the wall time S such workers would need is the slowest segment's, plus start-up and the join
     python scripts/cluster_benchmark.py segment-times --length 131072 --segments 1,2,4,8 --out docs/results/cluster-local
+    python scripts/cluster_benchmark.py segment-times --length 1048576 --segments 8 --threads 2 --out docs/results/cluster-local
 
 Each run appends to ``OUT/results.jsonl`` (resumable: a finished configuration is skipped) and every
 answer is checked against the needle; the machine is recorded with every row.
@@ -83,13 +84,13 @@ def answers(store: Path, results: list[dict], docs: list[dict]) -> list[bool]:
     return ok
 
 
-def timed_segments(doc: dict, segments: int) -> dict:
-    """Encode ``doc`` with ``segments`` on one thread, timing every segment on its own (through
+def timed_segments(doc: dict, segments: int, threads: int) -> dict:
+    """Encode ``doc`` with ``segments`` on ``threads`` threads, timing every segment on its own (through
     ``Pipeline.segment_runner``, the hook the Ray actors use), then ask its needle."""
     import time
     import torch
     from reform.pipeline import Pipeline
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     pipe, seconds = Pipeline.load(segments=segments), []
 
     def one_by_one(todo: list) -> list:
@@ -126,6 +127,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=16384)
     ap.add_argument("--segments", default="1,2,4,8")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--threads", type=int, default=1, help="segment-times: torch threads")
     ap.add_argument("--one-thread", action="store_true",
                     help="segments: every S on Ray with min(S, CPUs) actors x 1 thread, S = 1 included")
     args = ap.parse_args()
@@ -136,9 +138,10 @@ def main() -> None:
         doc = write_documents(args.out / f"long-{args.length}", 1, args.length, seed=1)[0]
         finished = done(args.out)
         for s in (int(x) for x in args.segments.split(",")):
-            config = f"segment-times 1x{args.length}: segments={s}, one thread"
+            threads = "one thread" if args.threads == 1 else f"{args.threads} threads"
+            config = f"segment-times 1x{args.length}: segments={s}, {threads}"
             if config not in finished:
-                row = {"config": config, **machine, **timed_segments(doc, s)}
+                row = {"config": config, **machine, **timed_segments(doc, s, args.threads)}
                 append(args.out, row)
                 print(json.dumps(row))
         return
