@@ -1,6 +1,7 @@
 """The FLOP counter against a hand count, and the benchmark harness's output schema (tiny model)."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -105,6 +106,27 @@ def test_llama_cpp_peer_processes_the_same_tokens(tmp_path):
     from reform.model import default_model_path
     rows = llama_cpp_rows(default_model_path(), list(range(100, 400)), 2, "bfloat16", tmp_path)
     assert [r["weights"] for r in rows] == ["as shipped", "bfloat16"], rows
-    assert all(r["tokens"] == 300 and r["layers"] == 30 and r["tokens_per_s"] > 0 for r in rows)
+    # the shipped Q4_1 may crash llama.cpp's AMX kernels (a row with the reason); bf16 never uses them
+    timed = [r for r in rows if "error" not in r]
+    assert rows[1] in timed and all("crashed (SIGSEGV)" in r["error"] for r in rows if r not in timed)
+    assert all(r["tokens"] == 300 and r["layers"] == 30 and r["tokens_per_s"] > 0 for r in timed)
     assert (tmp_path / "SmolLM2-135M-Instruct.Q4_1.bfloat16.gguf").is_file()
     assert not list(tmp_path.glob(".*tmp"))                     # the conversion is renamed into place
+
+
+def test_a_peer_that_crashes_is_a_row_with_the_reason(tmp_path, monkeypatch):
+    """A signal inside the peer's own code (llama.cpp's AMX kernels segfault on some Xeons) ends only the
+    child process that times it; the benchmark gets a row that says so."""
+    from reform.bench import peer
+    crash = "import os, signal, sys; sys.stdin.read(); os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(peer, "CHILD", [sys.executable, "-c", crash])
+    gguf = tmp_path / "m.gguf"
+    row = peer._prompt_row(gguf, "as shipped", [1, 2, 3], 2, "AVX2 = 1 | AMX_INT8 = 1 |")
+    assert row["error"].startswith("llama.cpp crashed (SIGSEGV) processing the prompt with m.gguf; llama.cpp's AMX")
+    refuse = "import sys; sys.stdin.read(); raise SystemExit('llama.cpp could not load m.gguf: bad magic')"
+    monkeypatch.setattr(peer, "CHILD", [sys.executable, "-c", refuse])
+    assert peer._prompt_row(gguf, "as shipped", [1], 2)["error"] == "llama.cpp could not load m.gguf: bad magic"
+    answer = "import json, sys; ids = json.loads(sys.stdin.read()); print(json.dumps({'tokens': len(ids)}))"
+    monkeypatch.setattr(peer, "CHILD", [sys.executable, "-c", answer])
+    assert peer._prompt_row(gguf, "bfloat16", [5, 6, 7], 2) == {"peer": "llama.cpp", "weights": "bfloat16",
+                                                                "gguf": "m.gguf", "threads": 2, "tokens": 3}

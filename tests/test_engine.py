@@ -74,14 +74,32 @@ def test_blocked_attention_equals_the_definition(start, t, rows, window, softcap
     torch.testing.assert_close(half.double(), ref, atol=0.05, rtol=0.05)
 
 
-def test_cpu_attention_path_is_chosen_by_dtype_and_can_be_forced(monkeypatch):
+def test_cpu_attention_path_is_chosen_by_dtype_and_cpu_and_can_be_forced(monkeypatch):
+    import reform.engine.attention as attention
     monkeypatch.delenv("REFORM_CPU_ATTENTION", raising=False)
+    monkeypatch.setattr(attention, "cpu_has_amx", lambda: False)
     assert cpu_attention_path(torch.float32) == "flash" and cpu_attention_path(torch.bfloat16) == "blocked"
+    monkeypatch.setattr(attention, "cpu_has_amx", lambda: True)     # AMX: the flash kernel is the faster one
+    assert cpu_attention_path(torch.float32) == "flash" and cpu_attention_path(torch.bfloat16) == "flash"
+    monkeypatch.setattr(attention, "cpu_has_amx", lambda: False)
     monkeypatch.setenv("REFORM_CPU_ATTENTION", "flash")
     assert cpu_attention_path(torch.bfloat16) == "flash"
     monkeypatch.setenv("REFORM_CPU_ATTENTION", "fastest")
     with pytest.raises(ValueError, match="REFORM_CPU_ATTENTION must be one of auto, flash, blocked"):
         causal_attention(torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4), 0, 0.5)
+
+
+def test_amx_detection_honours_a_onednn_isa_cap(monkeypatch):
+    from reform.engine.attention import cpu_has_amx
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert cpu_has_amx()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")   # capped below AMX: oneDNN won't use it
+    assert not cpu_has_amx()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert cpu_has_amx()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert not cpu_has_amx()
 
 
 def test_chunked_prefill_with_unbounded_cache_equals_one_shot(tiny_model):
@@ -203,7 +221,7 @@ def test_cache_appends_in_place_like_concatenation_and_clones_stay_independent()
 @pytest.mark.parametrize("start,t,w,softcap,sinks", [(40, 30, 8, None, False), (40, 30, 30, None, False),
                                                    (0, 50, 20, 3.0, True), (10, 5, 16, None, False)])
 def test_fused_eviction_scores_equal_attention_received(start, t, w, softcap, sinks, monkeypatch):
-    """The blocked path sums the probabilities it already computed; they equal the separate computation."""
+    """Both CPU paths sum probabilities they already computed; they equal the separate computation."""
     from reform.engine.attention import attention_and_received
     monkeypatch.setenv("REFORM_CPU_ATTENTION", "blocked")
     gen = torch.Generator().manual_seed(t)
@@ -217,9 +235,16 @@ def test_fused_eviction_scores_equal_attention_received(start, t, w, softcap, si
     _, across_blocks = blocked_attention(q, k, v, start, 0.3, None, softcap, sink_logits,
                                          received_by_last=min(w, t), rows=9)    # 3 positions per block
     torch.testing.assert_close(across_blocks, ref, atol=1e-5, rtol=1e-5)
-    monkeypatch.setenv("REFORM_CPU_ATTENTION", "flash")      # the unfused path, when no softcap/sinks
-    if softcap is None:
-        torch.testing.assert_close(attention_and_received(q, k, v, start, 0.3, w)[1], ref)
+    monkeypatch.setenv("REFORM_CPU_ATTENTION", "flash")  # the kernel for the first queries, blocked for the last w
+    out, received = attention_and_received(q, k, v, start, 0.3, w, softcap, sink_logits)
+    dense = dense_attention(q, k, v, start, 0.3, None, softcap, sink_logits)
+    torch.testing.assert_close(out.double(), dense, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(received, ref, atol=1e-5, rtol=1e-5)
+    out, received = attention_and_received(q.bfloat16(), k.bfloat16(), v.bfloat16(), start, 0.3, w, softcap,
+                                           sink_logits)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), dense, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(received, ref, atol=0.02, rtol=0.02)
 
 
 class _RotaryKeptElsewhere(torch.nn.Module):

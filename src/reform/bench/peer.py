@@ -8,17 +8,29 @@ converted by llama.cpp itself to bf16 or f32 -- the weights our engine computes 
 dequantizes GGUF weights). Both sides are reported in tokens per second per layer: a full pass runs every
 layer, REFORM's encode stops at its deepest embedding head (see ``layer_equivalents``).
 
-A peer that cannot run (package missing, model not a GGUF, conversion failed) is a row with the reason,
-never a failed benchmark.
+A peer that cannot run (package missing, model not a GGUF, conversion failed, llama.cpp crashed) is a row
+with the reason, never a failed benchmark: each timing runs in a child process, so even a crash inside
+llama.cpp's own kernels (a signal, which no exception catches) only ends that child.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 PEERS = ("llama.cpp",)
+CHILD = [sys.executable, "-m", "reform.bench.peer"]   # + GGUF THREADS, the token ids as JSON on stdin
+CHILD_TIMEOUT_S = 900
+# seen on a 2-core Sapphire Rapids VM with llama-cpp-python 0.3.36 built with -DGGML_NATIVE=ON: a SIGSEGV
+# in the AMX matmul for the shipped Q4_1 weights (bf16 weights do not use those kernels and run)
+AMX_HINT = ("; llama.cpp's AMX kernels for quantized weights are known to crash on some Xeons (llama.cpp "
+            "issue 20824): a build without them, CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=ON "
+            "-DGGML_AVX512_BF16=ON -DGGML_AVX512_VNNI=ON\", runs them")
 # llama.cpp's ftype codes (llama.h, enum llama_ftype) for the weights our engine runs in
 FTYPES = {"bfloat16": 32, "float32": 0}
 
@@ -31,11 +43,12 @@ def llama_cpp_rows(gguf: Path | None, ids: list[int], threads: int, dtype: str, 
         return [{"peer": "llama.cpp", "error": "llama-cpp-python is not installed: pip install llama-cpp-python"}]
     if gguf is None or gguf.suffix != ".gguf" or not gguf.is_file():
         return [{"peer": "llama.cpp", "error": "the model is not a local .gguf file, which llama.cpp needs"}]
-    rows = [_prompt_row(llama_cpp, gguf, "as shipped", ids, threads)]
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    rows = [_prompt_row(gguf, "as shipped", ids, threads, info)]
     if dtype in FTYPES:
         converted = cache_dir / f"{gguf.stem}.{dtype}.gguf"
         reason = None if converted.is_file() else _convert(llama_cpp, gguf, converted, FTYPES[dtype], threads)
-        rows.append(_prompt_row(llama_cpp, converted, dtype, ids, threads) if reason is None
+        rows.append(_prompt_row(converted, dtype, ids, threads, info) if reason is None
                     else {"peer": "llama.cpp", "weights": dtype, "error": reason})
     return rows
 
@@ -54,13 +67,32 @@ def _convert(llama_cpp, src: Path, dst: Path, ftype: int, threads: int) -> str |
     return None
 
 
-def _prompt_row(llama_cpp, gguf: Path, weights: str, ids: list[int], threads: int) -> dict:
+def _prompt_row(gguf: Path, weights: str, ids: list[int], threads: int, system_info: str = "") -> dict:
+    """Time the prompt in a child process (``_time_prompt``); its crash or error becomes the row's reason."""
     row = {"peer": "llama.cpp", "weights": weights, "gguf": gguf.name, "threads": threads}
+    try:
+        proc = subprocess.run([*CHILD, str(gguf), str(threads)], input=json.dumps(ids), capture_output=True,
+                              text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {**row, "error": f"llama.cpp did not finish the prompt within {CHILD_TIMEOUT_S} s"}
+    if proc.returncode == 0:
+        return {**row, **json.loads(proc.stdout.strip().splitlines()[-1])}
+    if proc.returncode < 0:
+        hint = AMX_HINT if "AMX_INT8 = 1" in system_info else ""
+        return {**row, "error": f"llama.cpp crashed ({signal.Signals(-proc.returncode).name}) processing the "
+                                f"prompt with {gguf.name}{hint}"}
+    lines = proc.stderr.strip().splitlines()
+    return {**row, "error": lines[-1] if lines else f"llama.cpp exited with status {proc.returncode}"}
+
+
+def _time_prompt(gguf: Path, threads: int, ids: list[int]) -> dict:
+    """The child's side: load the GGUF, warm up, time one ``eval`` of the ids (cut to the context)."""
+    import llama_cpp
     try:
         llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=0, n_batch=2048, n_ubatch=2048, flash_attn=True,
                               n_threads=threads, n_threads_batch=threads, verbose=False)
     except (ValueError, RuntimeError, OSError) as e:
-        return {**row, "error": f"llama.cpp could not load {gguf.name}: {e}"}
+        raise SystemExit(f"llama.cpp could not load {gguf.name}: {e}") from None
     try:
         tokens = ids[:llm.n_ctx()]
         layers = int(llama_cpp.llama_model_n_layer(llm.model))
@@ -72,7 +104,7 @@ def _prompt_row(llama_cpp, gguf: Path, weights: str, ids: list[int], threads: in
     finally:
         llm.close()
     per_s = len(tokens) / seconds
-    return {**row, "tokens": len(tokens), "seconds": round(seconds, 3), "tokens_per_s": round(per_s, 1),
+    return {"tokens": len(tokens), "seconds": round(seconds, 3), "tokens_per_s": round(per_s, 1),
             "layers": layers, "tokens_per_s_per_layer": round(per_s * layers, 1)}
 
 
@@ -80,3 +112,7 @@ def layer_equivalents(linear_flops: float, tokens: int, full_pass_flops_per_toke
     """How many of the model's layers one token's encode ran, from the projection/MLP FLOPs it executed
     (REFORM: every layer below its deepest embedding head, plus that layer's Q/K/V)."""
     return linear_flops / tokens / (full_pass_flops_per_token / n_layers)
+
+
+if __name__ == "__main__":      # the child process of ``_prompt_row``
+    print(json.dumps(_time_prompt(Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.stdin.read()))))

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Machine C (2-core Intel Xeon, AMX-BF16), one session, run back to back with nothing else running.
+# before-blocked: the blocked path, which this CPU got by default before the AMX choice
+# (REFORM_CPU_ATTENTION=blocked); the rest: the default (flash on AMX, eviction scores from the blocked
+# pass over the last 128 queries), plus --profile fast and llama.cpp's prompt processing at 4k and 8k.
+set -euo pipefail
+cd "$(dirname "$0")"
+R=../../../.venv/bin/reform
+lscpu > lscpu.txt
+step() { [ -f "$1/bench.json" ] || "${@:2}" --out "$1"; }     # resumable: a finished step is kept
+step before-blocked env REFORM_CPU_ATTENTION=blocked $R bench --methods reform --lengths 16k,128k
+step profile-16k $R bench --methods reform --lengths 16k --profile
+step scaling-1m $R bench --methods reform --lengths 128k,1M
+step after $R bench --methods reform,reform:profile=fast --lengths 4k,8k,16k,128k --peer llama.cpp
