@@ -12,3 +12,9 @@ step before-blocked env REFORM_CPU_ATTENTION=blocked $R bench --methods reform -
 step profile-16k $R bench --methods reform --lengths 16k --profile
 step scaling-1m $R bench --methods reform --lengths 128k,1M
 step after $R bench --methods reform,reform:profile=fast --lengths 4k,8k,16k,128k --peer llama.cpp
+# llama.cpp rebuilt without its AMX kernels (the hint its crash row gives), then the peer rows again:
+# CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+#   -DGGML_AVX512=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON"
+#   pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36
+step peer-no-amx $R bench --methods reform --lengths 4k,8k --peer llama.cpp
+[ -f attention_kernel_throughput.txt ] || ../../../.venv/bin/python ../../../scripts/attention_kernel_throughput.py > attention_kernel_throughput.txt
