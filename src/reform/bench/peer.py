@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 PEERS = ("llama.cpp",)
-CHILD = [sys.executable, "-m", "reform.bench.peer"]   # + GGUF THREADS, the token ids as JSON on stdin
+CHILD = [sys.executable, "-m", "reform.bench.peer"]   # + the step's arguments; its input as JSON on stdin
 CHILD_TIMEOUT_S = 900
 # seen on a 2-core Sapphire Rapids VM with llama-cpp-python 0.3.36 built with -DGGML_NATIVE=ON: a SIGSEGV
 # in the AMX matmul for the shipped Q4_1 weights (bf16 weights do not use those kernels and run)
@@ -47,14 +47,41 @@ def llama_cpp_rows(gguf: Path | None, ids: list[int], threads: int, dtype: str, 
     rows = [_prompt_row(gguf, "as shipped", ids, threads, info)]
     if dtype in FTYPES:
         converted = cache_dir / f"{gguf.stem}.{dtype}.gguf"
-        reason = None if converted.is_file() else _convert(llama_cpp, gguf, converted, FTYPES[dtype], threads)
-        rows.append(_prompt_row(converted, dtype, ids, threads, info) if reason is None
-                    else {"peer": "llama.cpp", "weights": dtype, "error": reason})
+        done = {} if converted.is_file() else _in_child(["convert", str(gguf), str(converted), str(FTYPES[dtype]),
+                                                          str(threads)], None, f"converting {gguf.name}", info)
+        rows.append({"peer": "llama.cpp", "weights": dtype, **done} if "error" in done
+                    else _prompt_row(converted, dtype, ids, threads, info))
     return rows
 
 
-def _convert(llama_cpp, src: Path, dst: Path, ftype: int, threads: int) -> str | None:
-    """llama.cpp's own quantize tool, run to dequantize; written under a temporary name, then renamed."""
+def _prompt_row(gguf: Path, weights: str, ids: list[int], threads: int, system_info: str = "") -> dict:
+    """Time the prompt in a child process (``_time_prompt``); its crash or error becomes the row's reason."""
+    row = {"peer": "llama.cpp", "weights": weights, "gguf": gguf.name, "threads": threads}
+    return {**row, **_in_child(["time", str(gguf), str(threads)], ids, f"processing the prompt with {gguf.name}",
+                               system_info)}
+
+
+def _in_child(args: list[str], payload, doing: str, system_info: str = "") -> dict:
+    """Run one llama.cpp step (``args``, ``payload`` as JSON on stdin) in a child process: its JSON answer,
+    or ``{"error": reason}`` when it exits with an error, crashes or hangs."""
+    try:
+        proc = subprocess.run([*CHILD, *args], input=json.dumps(payload), capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"llama.cpp did not finish {doing} within {CHILD_TIMEOUT_S} s"}
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    if proc.returncode < 0:
+        hint = AMX_HINT if "AMX_INT8 = 1" in system_info else ""
+        return {"error": f"llama.cpp crashed ({signal.Signals(-proc.returncode).name}) {doing}{hint}"}
+    lines = proc.stderr.strip().splitlines()
+    return {"error": lines[-1] if lines else f"llama.cpp exited with status {proc.returncode} {doing}"}
+
+
+def _convert(src: Path, dst: Path, ftype: int, threads: int) -> dict:
+    """The child's side of a conversion: llama.cpp's own quantize tool, run to dequantize; written under a
+    temporary name, then renamed."""
+    import llama_cpp
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp")
     params = llama_cpp.llama_model_quantize_default_params()
@@ -62,27 +89,9 @@ def _convert(llama_cpp, src: Path, dst: Path, ftype: int, threads: int) -> str |
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
-        return f"llama.cpp could not convert {src.name} (llama_model_quantize returned {rc})"
+        raise SystemExit(f"llama.cpp could not convert {src.name} (llama_model_quantize returned {rc})")
     tmp.replace(dst)
-    return None
-
-
-def _prompt_row(gguf: Path, weights: str, ids: list[int], threads: int, system_info: str = "") -> dict:
-    """Time the prompt in a child process (``_time_prompt``); its crash or error becomes the row's reason."""
-    row = {"peer": "llama.cpp", "weights": weights, "gguf": gguf.name, "threads": threads}
-    try:
-        proc = subprocess.run([*CHILD, str(gguf), str(threads)], input=json.dumps(ids), capture_output=True,
-                              text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {**row, "error": f"llama.cpp did not finish the prompt within {CHILD_TIMEOUT_S} s"}
-    if proc.returncode == 0:
-        return {**row, **json.loads(proc.stdout.strip().splitlines()[-1])}
-    if proc.returncode < 0:
-        hint = AMX_HINT if "AMX_INT8 = 1" in system_info else ""
-        return {**row, "error": f"llama.cpp crashed ({signal.Signals(-proc.returncode).name}) processing the "
-                                f"prompt with {gguf.name}{hint}"}
-    lines = proc.stderr.strip().splitlines()
-    return {**row, "error": lines[-1] if lines else f"llama.cpp exited with status {proc.returncode}"}
+    return {}
 
 
 def _time_prompt(gguf: Path, threads: int, ids: list[int]) -> dict:
@@ -114,5 +123,10 @@ def layer_equivalents(linear_flops: float, tokens: int, full_pass_flops_per_toke
     return linear_flops / tokens / (full_pass_flops_per_token / n_layers)
 
 
-if __name__ == "__main__":      # the child process of ``_prompt_row``
-    print(json.dumps(_time_prompt(Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.stdin.read()))))
+if __name__ == "__main__":      # the child process of ``_in_child``: time GGUF THREADS | convert SRC DST FTYPE THREADS
+    command, *rest = sys.argv[1:]
+    payload = json.loads(sys.stdin.read())
+    if command == "time":
+        print(json.dumps(_time_prompt(Path(rest[0]), int(rest[1]), payload)))
+    else:
+        print(json.dumps(_convert(Path(rest[0]), Path(rest[1]), int(rest[2]), int(rest[3]))))
