@@ -18,3 +18,5 @@ step after $R bench --methods reform,reform:profile=fast --lengths 4k,8k,16k,128
 #   pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36
 step peer-no-amx $R bench --methods reform --lengths 4k,8k --peer llama.cpp
 [ -f attention_kernel_throughput.txt ] || ../../../.venv/bin/python ../../../scripts/attention_kernel_throughput.py > attention_kernel_throughput.txt
+# the fp32 AVX2 code path (machine A's), as a proxy on this CPU: PyTorch's, oneDNN's and MKL's kernels capped to AVX2
+step avx2-capped-fp32 env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $R bench --methods reform --lengths 16k,32k --dtype float32
