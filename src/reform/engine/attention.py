@@ -1,8 +1,9 @@
 """Attention over a cached prefix, and the attention-received scores eviction policies need.
 
 Neither function materialises a chunk x cache attention matrix. The chunk's own attention takes one of
-two CPU paths, chosen by dtype because their speeds differ by dtype (measured with
-``scripts/attention_kernel_throughput.py``, README "bf16 CPUs: attention built from matmuls"):
+two CPU paths, chosen by dtype and CPU because their speeds differ by both (measured with
+``scripts/attention_kernel_throughput.py``; README "bf16 CPUs: attention built from matmuls" and "AMX: the
+flash kernel again"):
 
 - fp32: PyTorch's fused flash kernel (``scaled_dot_product_attention``), near the fp32 matmul rate.
 - bf16/fp16 on a CPU with AMX tiles: the flash kernel too. There it multiplies with AMX and exponentiates
@@ -85,8 +86,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
 
 def attention_and_received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float,
                            score_window: int, softcap: float | None = None, sinks: torch.Tensor | None = None):
-    """``causal_attention`` and ``attention_received`` of its last ``score_window`` queries, in one pass
-    where the blocked path runs (the scores are sums of probabilities it computes anyway)."""
+    """``causal_attention`` and ``attention_received`` of its last ``score_window`` queries, in one pass on
+    CPU (the scores are sums of probabilities the blocked pass computes anyway)."""
     t = q.shape[1]
     w = min(score_window, t)
     if not scores_fused(q, softcap, sinks):          # GPU: the fused kernel, then the scores on their own
