@@ -89,17 +89,20 @@ def test_cpu_attention_path_is_chosen_by_dtype_and_cpu_and_can_be_forced(monkeyp
         causal_attention(torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4), 0, 0.5)
 
 
-def test_amx_detection_honours_a_onednn_isa_cap(monkeypatch):
-    from reform.engine.attention import cpu_has_amx
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+def test_amx_detection_honours_a_onednn_isa_cap_and_the_kernels_permission(monkeypatch):
+    import reform.engine.attention as attention
+    usable = attention._amx_usable.__wrapped__                      # the uncached check, run on stand-ins below
+    monkeypatch.setattr(attention, "_amx_usable", lambda: True)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    assert cpu_has_amx()
+    assert attention.cpu_has_amx()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")   # capped below AMX: oneDNN won't use it
-    assert not cpu_has_amx()
+    assert not attention.cpu_has_amx()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
-    assert cpu_has_amx()
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    assert not cpu_has_amx()
+    assert attention.cpu_has_amx()
+    for tiles, granted in ((True, True), (True, False), (False, True)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda t=tiles: t, raising=False)
+        monkeypatch.setattr(torch.cpu, "_init_amx", lambda g=granted: g, raising=False)
+        assert usable() == (tiles and granted)
 
 
 def test_chunked_prefill_with_unbounded_cache_equals_one_shot(tiny_model):

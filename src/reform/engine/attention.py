@@ -22,6 +22,7 @@ runs the other queries), so they cost no pass of their own.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -48,8 +49,16 @@ def cpu_has_amx() -> bool:
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if cap and cap != "ALL" and "AMX" not in cap:
         return False
-    detect = getattr(torch.cpu, "_is_amx_tile_supported", None)   # private, hence the fallback
-    return bool(detect()) if detect is not None else False
+    return _amx_usable()
+
+
+@functools.cache
+def _amx_usable() -> bool:
+    """The CPU has AMX tiles and the kernel lets this process use them (Linux asks per process; before 5.16
+    it cannot, and oneDNN then runs AVX-512, where the flash kernel is the slower path). PyTorch's own
+    checks, private, hence the fallback."""
+    has, init = getattr(torch.cpu, "_is_amx_tile_supported", None), getattr(torch.cpu, "_init_amx", None)
+    return bool(has is not None and init is not None and has() and init())
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float, *,
