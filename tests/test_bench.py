@@ -126,6 +126,8 @@ def test_a_peer_that_crashes_is_a_row_with_the_reason(tmp_path, monkeypatch):
     refuse = "import sys; sys.stdin.read(); raise SystemExit('llama.cpp could not load m.gguf: bad magic')"
     monkeypatch.setattr(peer, "CHILD", [sys.executable, "-c", refuse])
     assert peer._prompt_row(gguf, "as shipped", [1], 2)["error"] == "llama.cpp could not load m.gguf: bad magic"
+    monkeypatch.setattr(peer, "CHILD", [sys.executable, "-c", "import sys; sys.stdin.read(); print('noise')"])
+    assert peer._prompt_row(gguf, "as shipped", [1], 2)["error"] == "llama.cpp printed no result processing the prompt with m.gguf"
     answer = "import json, sys; ids = json.loads(sys.stdin.read()); print(json.dumps({'tokens': len(ids)}))"
     monkeypatch.setattr(peer, "CHILD", [sys.executable, "-c", answer])
     assert peer._prompt_row(gguf, "bfloat16", [5, 6, 7], 2) == {"peer": "llama.cpp", "weights": "bfloat16",

@@ -29,8 +29,10 @@ CHILD_TIMEOUT_S = 900
 # seen on a 2-core Sapphire Rapids VM with llama-cpp-python 0.3.36 built with -DGGML_NATIVE=ON: a SIGSEGV
 # in the AMX matmul for the shipped Q4_1 weights (bf16 weights do not use those kernels and run)
 AMX_HINT = ("; llama.cpp's AMX kernels for quantized weights are known to crash on some Xeons (llama.cpp "
-            "issue 20824): a build without them, CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=ON "
-            "-DGGML_AVX512_BF16=ON -DGGML_AVX512_VNNI=ON\", runs them")
+            "issue 20824): a build without them runs them, CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX=ON "
+            "-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_BF16=ON "
+            "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON\" pip install --force-reinstall --no-deps "
+            "--no-cache-dir llama-cpp-python")
 # llama.cpp's ftype codes (llama.h, enum llama_ftype) for the weights our engine runs in
 FTYPES = {"bfloat16": 32, "float32": 0}
 
@@ -70,7 +72,10 @@ def _in_child(args: list[str], payload, doing: str, system_info: str = "") -> di
     except subprocess.TimeoutExpired:
         return {"error": f"llama.cpp did not finish {doing} within {CHILD_TIMEOUT_S} s"}
     if proc.returncode == 0:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return {"error": f"llama.cpp printed no result {doing}"}
     if proc.returncode < 0:
         hint = AMX_HINT if "AMX_INT8 = 1" in system_info else ""
         return {"error": f"llama.cpp crashed ({signal.Signals(-proc.returncode).name}) {doing}{hint}"}
