@@ -7,7 +7,7 @@ flash kernel again"):
 
 - fp32: PyTorch's fused flash kernel (``scaled_dot_product_attention``), near the fp32 matmul rate.
 - bf16/fp16 on a CPU with AMX tiles: the flash kernel too. There it multiplies with AMX and exponentiates
-  with a fused fast ``exp``: 650-680 GFLOP/s on the encode's shapes, twice the blocked path's 315-355,
+  with a fused fast ``exp``: 650-690 GFLOP/s on the encode's shapes, twice the blocked path's 315-355,
   whose separate softmax pass costs more than its two matmuls (Sapphire Rapids, 2 cores).
 - bf16/fp16 elsewhere (AVX512-BF16, AVX2): blocked attention built from half-precision matmuls, a block of
   query rows at a time, with the softmax accumulated in fp32 (the precision of transformers' eager
