@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from reform.engine.attention import _CPU_FLASH, _split_attention, blocked_attention
+from reform.engine.attention import _CPU_FLASH, BLOCK_ROWS, _split_attention, blocked_attention
 
 
 def best_ms(fn, repeats: int = 10) -> float:
@@ -64,6 +64,27 @@ def main() -> None:
     rows.append(("chunk attention, path flash", whole, ms))
     ms = best_ms(lambda: blocked_attention(q[0], kf, vf, n, scale))
     rows.append(("chunk attention, path blocked", whole, ms))
+    # the same attention's two matmuls alone (no softmax, no mask), a block of query rows at a time as the
+    # blocked path runs them: what attention would cost if exponentials were free. Q.K^T's inner dimension
+    # is the head dim (64 for SmolLM2), far below what the matrix units need to run at their rate.
+    rep, block = h // hkv, BLOCK_ROWS
+    grouped = q[0].view(hkv, rep * t, d)
+    probs = torch.randn(block, n + t, generator=gen).to(dtype)
+    scores = torch.empty(block, n + t, dtype=dtype)
+    out = torch.empty(block, d, dtype=dtype)
+
+    def matmuls(first: bool) -> None:
+        for g in range(hkv):
+            for r in range(0, rep * t, block):
+                if first:
+                    torch.mm(grouped[g, r:r + block], kf[g].T, out=scores[:min(block, rep * t - r)])
+                else:
+                    torch.mm(probs[:min(block, rep * t - r)], vf[g], out=out[:min(block, rep * t - r)])
+
+    bare = 2 * h * t * (n + t) * d
+    ms_qk, ms_pv = best_ms(lambda: matmuls(True)), best_ms(lambda: matmuls(False))
+    rows.append((f"Q.K^T alone, all keys (inner dim {d})", bare, ms_qk))
+    rows.append(("P.V alone, all keys", bare, ms_pv))
     a = torch.randn(t, args.hidden, generator=gen).to(dtype)
     b = torch.randn(args.hidden, args.ffn, generator=gen).to(dtype)
     ms = best_ms(lambda: a @ b, repeats=30)
@@ -72,6 +93,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
     for name, flops, ms in rows:
         print(f"{name:48s} {ms:8.2f} ms  {flops / ms / 1e6:8.0f} GFLOP/s")
+    # the chunk attention's useful FLOPs (causal) at the two bare matmuls' rates: a floor for any kernel
+    # that multiplies with these matmul kernels, however cheap its softmax
+    floor = whole / 2 / (bare / ms_qk) + whole / 2 / (bare / ms_pv)
+    print(f"{'chunk attention with a free softmax (floor)':48s} {floor:8.2f} ms  {whole / floor / 1e6:8.0f} GFLOP/s")
 
 
 if __name__ == "__main__":
