@@ -346,3 +346,15 @@ def test_error_lines_quote_user_input_verbatim_on_one_line(option, doc, no_load)
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and len(r.stderr.splitlines()) == 1, r.stderr
     assert r.stderr.startswith("error: ") and (option.split("=")[0].replace("\n", "\\n").replace("\x1e", "\\x1e")
                                                in r.stderr), r.stderr
+
+
+@pytest.mark.parametrize("command", [["bench", "--lengths", "1k", "--max-new-tokens", "2"],
+                                     ["eval", "niah", "--lengths", "1k", "--depths", "0.5"]])
+def test_a_guessed_head_set_is_one_note_line_in_bench_and_eval(command, tiny_model_dir, tmp_path):
+    """A model without a preset gets guessed heads: said once as a ``note:`` line, not as Python's
+    two-line warning with a source line (bench and eval used to print the latter)."""
+    r = cli(*command, "--methods", "reform", "--model", tiny_model_dir, "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if "no embedding-head preset" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: "), r.stderr
+    assert "UserWarning" not in r.stderr and "resolve_heads(" not in r.stderr, r.stderr

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .eval import MethodsOpt, check_load, check_methods, load
-from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, app, checked_output, err, fail, out
+from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, app, checked_output, err, fail, notes_as_lines, out
 
 
 def scaling_lengths(text: str) -> list[int]:
@@ -106,10 +106,11 @@ def bench(methods: str = MethodsOpt,
         loaded = load(model, device, dtype)
         from ..bench.runner import run_bench
         try:
-            result = run_bench(specs, sizes, loaded=loaded, out_dir=out_dir, repeats=repeats,
-                               max_new_tokens=max_new_tokens, seed=seed, profile=profile,
-                               peer=peer, peer_gguf=gguf_file(model) if peer else None,
-                               progress=lambda s: err.print(s, markup=False))
+            with notes_as_lines():
+                result = run_bench(specs, sizes, loaded=loaded, out_dir=out_dir, repeats=repeats,
+                                   max_new_tokens=max_new_tokens, seed=seed, profile=profile,
+                                   peer=peer, peer_gguf=gguf_file(model) if peer else None,
+                                   progress=lambda s: err.print(s, markup=False))
         except ValueError as e:
             raise CliError(str(e)) from None
     except CliError as e:

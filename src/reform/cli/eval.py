@@ -14,7 +14,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Evaluate methods side by side: NIAH heat maps, RULER-style and BABILong-style suites, "
                        "or any JSONL of rows.")
 
-from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, on_interrupt, out  # noqa: E402
+from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, notes_as_lines, on_interrupt, out  # noqa: E402
 
 MethodsOpt = typer.Option("reform", "--methods", help="comma-separated methods, each optionally with options: "
                           "reform,h2o,truncate:recompute_budget=512 (options are fields of the method's config)")
@@ -120,7 +120,7 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
     out_dir = check_out(out_dir)
     on_interrupt(f"the rows finished so far are kept in {out_dir}; run the same command again to resume")
     loaded = load(model, device, dtype)
-    with refused(UnsupportedModelError):
+    with refused(UnsupportedModelError), notes_as_lines():
         rows = rows_for(loaded.tokenizer)
         metrics = run_eval(rows[:max_rows] if max_rows else rows, methods=specs, out_dir=out_dir,
                            model=loaded.model, tokenizer=loaded.tokenizer, model_name=loaded.name, progress=err.is_terminal,

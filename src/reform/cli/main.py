@@ -207,15 +207,19 @@ def check_load_options(load: dict) -> None:
 @contextmanager
 def notes_as_lines():
     """Our warnings (guessed embedding heads, a context past the window) as one ``note:`` line each on
-    stderr, not as Python's two-line warnings; other libraries' warnings are not shown."""
-    with warnings.catch_warnings(record=True) as notes:
+    stderr when they happen, each text once, not as Python's two-line warnings; other libraries' warnings
+    are not shown."""
+    shown: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if "/reform/" in str(filename).replace("\\", "/") and str(message) not in shown:
+            shown.add(str(message))
+            say("[yellow]note:[/]", message)
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always", UserWarning)
-        try:
-            yield
-        finally:
-            for note in notes:
-                if "/reform/" in note.filename.replace("\\", "/"):
-                    say("[yellow]note:[/]", note.message)
+        warnings.showwarning = show          # restored on exit by catch_warnings
+        yield
 
 
 def encode_text(pipe, text: str, quiet: bool):
