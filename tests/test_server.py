@@ -137,6 +137,32 @@ def test_contexts_api(live):
         assert http.get("/health").json()["status"] == "ok"
 
 
+def test_one_document_per_upload_in_any_encoding_and_nothing_ignored(live):
+    """A form-encoded upload is its 'text' field (it used to be encoded as the raw 'text=...' body); two
+    documents in one upload, or a JSON field other than 'text', are refused rather than half-read."""
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        key = http.post("/v1/contexts", json={"text": DOC}).json()["id"]
+        assert http.post("/v1/contexts", data={"text": DOC}).json()["id"] == key
+        two = http.post("/v1/contexts", files=[("file", ("a.txt", DOC.encode())), ("file", ("b.txt", b"other"))])
+        assert two.status_code == 400 and "(got 2)" in two.json()["error"]["message"]
+        extra = http.post("/v1/contexts", json={"text": DOC, "name": "contract"})
+        assert extra.status_code == 400 and extra.json()["error"]["param"] == "name"
+        assert [c["id"] for c in http.get("/v1/contexts").json()["data"]] == [key]
+
+
+def test_unknown_endpoints_and_methods_answer_in_the_openai_shape_and_models_can_be_retrieved(live):
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        r = http.post("/v1/completions", json={"model": "reform", "prompt": "hi"})
+        assert r.status_code == 404 and r.json()["error"]["message"] == "no such endpoint: POST /v1/completions"
+        r = http.get("/v1/chat/completions")
+        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed" and "POST" in r.headers["allow"]
+    client = live.client()
+    name = live.worker.pipe.model_name
+    assert client.models.retrieve(name).id == name == client.models.retrieve("reform").id
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("gpt-4o")
+
+
 def test_eight_concurrent_clients_are_all_answered(live):
     expected = make_pipe().encode(DOC).ask(QUESTION, max_new_tokens=10).text
     client = live.client()
@@ -282,6 +308,14 @@ def test_bad_requests_get_openai_errors(live, body, status, words):
     payload = {"model": "reform", "messages": DOC_CHAT, **body}
     r = httpx.post(f"{live.url}/v1/chat/completions", json=payload, timeout=60)
     assert r.status_code == status and words in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("raw,words", [(b"{", "invalid request: Invalid JSON"), (b"[]", "invalid request: Input should be an object"),
+                                       (b"", "invalid request: Invalid JSON")])
+def test_a_body_that_is_no_json_object_is_a_400_that_says_so(live, raw, words):
+    r = httpx.post(f"{live.url}/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(words), r.text
+    assert r.json()["error"]["param"] is None
 
 
 def test_two_servers_on_one_store_see_each_others_encodes(store):

@@ -5,14 +5,14 @@
   content), the last user message the question; ``context_id`` names an uploaded context.
 - ``POST /v1/contexts`` (JSON ``{"text": ...}`` or a multipart ``file``) answers an id at once and encodes
   in the background; ``GET /v1/contexts[/{id}]`` shows status and progress; ``DELETE`` removes.
-- ``GET /v1/models``, ``GET /health``.
+- ``GET /v1/models[/{id}]``, ``GET /health``.
 
 Every response names the process that answered in an ``X-Reform-Worker: HOST/PID`` header (behind a load
 balancer or Ray Serve, which replica it was).
 
 Every error is one JSON object in OpenAI's error shape with a fitting status: 400 bad request, 401
-without the API key, 404 unknown model or context, 413 too large, 503 (with ``Retry-After``) when the
-queue is full, 504 past the per-request timeout. Talks to the model only through ``Worker``.
+without the API key, 404 unknown model, context or endpoint, 405 wrong method, 413 too large, 503 (with
+``Retry-After``) when the queue is full, 504 past the per-request timeout. Talks to the model only through ``Worker``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.layout import as_tensor
 from ..engine.sampling import Sampling
@@ -81,6 +82,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     pipe = worker.pipe
     model_id = settings.model_id or pipe.model_name
     keys = Keys(pipe)
+    served_names = (model_id, pipe.model_name, pipe.source, "reform")   # what a request's "model" may say
     history_limit = pipe.engine.shape.window // 8     # tokens of later turns that may ride with a question
     pending: dict[str, object] = {}                    # key -> background encode job
     worker_name = f"{socket.gethostname()}/{os.getpid()}"
@@ -89,6 +91,15 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, e: StarletteHTTPException):
+        """Routing's own 404 and 405 in the same shape as every other error (OpenAI clients read
+        ``error.message``); 405 keeps its ``Allow`` header."""
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"no such endpoint: {where}", 405: f"method not allowed: {where}"}.get(e.status_code, str(e.detail))
+        error = ApiError(e.status_code, message, code={404: "not_found", 405: "method_not_allowed"}.get(e.status_code))
+        return JSONResponse(error.body(), status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -240,9 +251,10 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
-            raise ApiError(400, f"invalid request: {where}: {first.get('msg')}", param=where or None) from None
+            at = f"{where}: " if where else ""           # a body that is no JSON object has no field to name
+            raise ApiError(400, f"invalid request: {at}{first.get('msg')}", param=where or None) from None
         req.refuse_unsupported()
-        if req.model not in (model_id, pipe.model_name, pipe.source, "reform"):
+        if req.model not in served_names:
             raise ApiError(404, f"model '{req.model}' is not served here; this server serves '{model_id}'",
                            param="model", code="model_not_found")
         try:
@@ -318,11 +330,14 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     # ------------------------------------------------------------------ contexts
     async def upload_text(request: Request) -> str:
         kind = request.headers.get("content-type", "")
-        if kind.startswith("multipart/form-data"):
+        if kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
             form = await request.form(max_part_size=settings.max_body_bytes)
-            item = form.get("file") if form.get("file") is not None else form.get("text")
-            if item is None:
-                raise ApiError(400, "send the context as a 'file' or 'text' form field", param="file")
+            items = form.getlist("file") + form.getlist("text")
+            if len(items) != 1:       # several documents in one upload: which one was meant is unknowable
+                raise ApiError(400, "send the context as one 'file' or 'text' form field" +
+                               (f" (got {len(items)}); upload each document on its own" if items else ""),
+                               param="file")
+            item = items[0]
             data = await item.read() if hasattr(item, "read") else item.encode()
         else:
             raw = await body_bytes(request)
@@ -333,6 +348,8 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
                     raise ApiError(400, "the body is not valid JSON") from None
                 if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
                     raise ApiError(400, "send {\"text\": \"...\"} (or a multipart 'file')", param="text")
+                if unknown := sorted(set(payload) - {"text"}):       # as the chat endpoint: nothing ignored
+                    raise ApiError(400, f"unknown field {unknown[0]!r}: send {{\"text\": \"...\"}}", param=unknown[0])
                 data = payload["text"].encode()
             else:
                 data = raw        # text/plain or anything else: the body is the text
@@ -387,10 +404,19 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
         return {"id": key, "object": "context.deleted", "deleted": True}
 
     # ------------------------------------------------------------------ models, health
+    model_card = {"id": model_id, "object": "model", "created": 0, "owned_by": "reform", "method": pipe.method.name,
+                  "window": pipe.engine.shape.window}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "reform",
-                                            "method": pipe.method.name, "window": pipe.engine.shape.window}]}
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{name:path}")           # model ids may hold slashes (Qwen/Qwen2.5-7B-Instruct)
+    async def retrieve_model(name: str):
+        if name not in served_names:
+            raise ApiError(404, f"model '{name}' is not served here; this server serves '{model_id}'",
+                           param="model", code="model_not_found")
+        return model_card
 
     @app.get("/health")
     async def health():
