@@ -59,6 +59,20 @@ def test_long_context_recomputes_gathered_tokens_at_fresh_positions(tiny_model, 
     assert ans.stats["recomputed_tokens"] == prompt.shape[0]
 
 
+def test_fit_window_lowers_max_new_tokens_to_the_room_the_prompt_leaves(tiny_model, tokenizer):
+    """``fit_window``: an answer length the window cannot hold is lowered to what it can, not refused; the
+    answer is the same greedy continuation, only as long as fits."""
+    pipe = make(tiny_model, tokenizer)
+    ctx = pipe.encode(CONTEXT)
+    with pytest.raises(ValueError, match="exceeds the model's window"):
+        ctx.ask(QUESTION, max_new_tokens=10_000)
+    ans = ctx.ask(QUESTION, max_new_tokens=10_000, fit_window=True)
+    room = pipe.engine.max_positions - ans.stats["recomputed_tokens"]
+    assert 0 < len(ans.tokens) <= room and (ans.finish_reason == "length") == (len(ans.tokens) == room)
+    short = ctx.ask(QUESTION, max_new_tokens=6)
+    assert ans.tokens[:len(short.tokens)] == short.tokens
+
+
 def test_second_question_does_not_re_encode(tiny_model, tokenizer):
     pipe = make(tiny_model, tokenizer)
     ctx = pipe.encode(CONTEXT)

@@ -16,7 +16,7 @@ from reform.pipeline import Pipeline
 from reform.server import Settings, build_app
 from reform.server.worker import Job
 
-from conftest import CharTokenizer, tiny
+from conftest import WINDOW, CharTokenizer, tiny
 
 DOC = "The quick brown fox jumps over the lazy dog. A cat sat on the mat near the door. " * 7
 QUESTION = "What does the fox do?"
@@ -161,6 +161,18 @@ def test_unknown_endpoints_and_methods_answer_in_the_openai_shape_and_models_can
     assert client.models.retrieve(name).id == name == client.models.retrieve("reform").id
     with pytest.raises(openai.NotFoundError, match="not served here"):
         client.models.retrieve("gpt-4o")
+
+
+def test_a_request_without_max_tokens_answers_within_the_window(live):
+    """The default answer length (512) is an upper bound: on a small-window model it shrinks to the room
+    the prompt leaves (such a request used to be a 400 here); a max_tokens given that cannot fit is a 400."""
+    answer = live.client().chat.completions.create(model="reform", messages=DOC_CHAT)
+    room = WINDOW - answer.model_extra["reform"]["stats"]["recomputed_tokens"]
+    assert 0 < room < live.app.state.settings.default_max_tokens
+    assert answer.usage.completion_tokens <= room
+    assert (answer.choices[0].finish_reason == "length") == (answer.usage.completion_tokens == room)
+    with pytest.raises(openai.BadRequestError, match="window"):
+        chat(live.client(), DOC_CHAT, max_tokens=room + 1)
 
 
 def test_eight_concurrent_clients_are_all_answered(live):

@@ -30,8 +30,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                                  help="largest context in tokens (413 above)"),
           timeout: float = typer.Option(900.0, "--timeout", help="seconds a request may take, encode included "
                                         "(504 after)"),
-          max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="answer length when a request "
-                                         "gives no max_tokens"),
+          max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="longest answer when a request "
+                                         "gives no max_tokens (shorter where the model's window has less room)"),
           model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,

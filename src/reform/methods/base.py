@@ -62,10 +62,12 @@ class Context:
 
     def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
             on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
-            seed: int | None = None, stop: str | tuple[str, ...] = ()) -> Answer:
+            seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False) -> Answer:
         """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated.
         Greedy at ``temperature`` 0 (the default); otherwise sampled (``top_p``, ``seed``); the answer
-        ends before the first of the ``stop`` strings."""
+        ends before the first of the ``stop`` strings. A prompt plus ``max_new_tokens`` past the model's
+        window is refused, unless ``fit_window``: then ``max_new_tokens`` is an upper bound, lowered to the
+        room the window leaves after the prompt (finish reason "length" when that room runs out)."""
         for name, value in (("question", question), ("answer_prefix", answer_prefix)):
             if not isinstance(value, str):
                 raise TypeError(f"the {name} must be text (str), got {type(value).__name__}")
@@ -79,7 +81,8 @@ class Context:
             raise TypeError(f"on_text must be a function that takes the new text, got {on_text!r}")
         sampling = Sampling(temperature, top_p, seed, stop)
         part = self.pipeline.templater.question(question, answer_prefix)
-        return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling)
+        return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling,
+                                  fit_window=fit_window)
 
     def save(self, path) -> int:
         """Write this context to ``path`` (one safetensors file with a JSON manifest, atomically, see
@@ -166,13 +169,22 @@ class Method:
         return None
 
     def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
-               on_text: Callable[[str], None] | None, sampling: Sampling = Sampling()) -> Answer:
-        """Build the prompt, then decode with the full model (greedy unless ``sampling`` says otherwise)."""
+               on_text: Callable[[str], None] | None, sampling: Sampling = Sampling(),
+               fit_window: bool = False) -> Answer:
+        """Build the prompt, then decode with the full model (greedy unless ``sampling`` says otherwise;
+        ``fit_window`` as in ``Context.ask``)."""
         pipe, timer = ctx.pipeline, Timer()
         timer.add("encode", ctx.encode_seconds)
         if ctx.load_seconds is not None:
             timer.add("load", ctx.load_seconds)
         prompt, cache, kept = self.prompt(ctx, part, timer)
+        if fit_window:
+            used = prompt.shape[0] + (cache.length if cache is not None else 0)
+            room = pipe.engine.max_positions - used
+            if room < 1:
+                raise ValueError(f"the prompt ({used} tokens with the cache) fills the model's window "
+                                 f"({pipe.engine.max_positions}): no room is left for an answer")
+            max_new_tokens = min(max_new_tokens, room)
         tokens: list[int] = []
         stop, shown, finish = StopScanner(sampling.stop), "", "stop"
         t0 = time.perf_counter()

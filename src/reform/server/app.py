@@ -262,12 +262,12 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         key, text, question = await plan(Conversation.of(req.messages), req.context_id)
-        max_new = req.max_new_tokens(settings.default_max_tokens)
+        asked = req.max_new_tokens(None)     # unset: up to the default, fewer where the window has less room
 
         def work(job):
             ctx, encoded = worker.context(key, text, job)
-            answer = ctx.ask(question, max_new_tokens=max_new, on_text=lambda s: job.emit(("text", s)),
-                             **req.sampling())
+            answer = ctx.ask(question, max_new_tokens=asked or settings.default_max_tokens, fit_window=asked is None,
+                             on_text=lambda s: job.emit(("text", s)), **req.sampling())
             return answer, encoded
 
         job = submit(work, stream=req.stream, key=key)    # with key: may answer during another's encode

@@ -112,7 +112,7 @@ class ChatRequest(BaseModel):
         return {"temperature": 0.0 if self.temperature is None else self.temperature,
                 "top_p": 1.0 if self.top_p is None else self.top_p, "seed": self.seed, "stop": tuple(stop)}
 
-    def max_new_tokens(self, default: int) -> int:
+    def max_new_tokens(self, default: int | None) -> int | None:
         return self.max_completion_tokens or self.max_tokens or default
 
 
