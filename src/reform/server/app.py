@@ -262,7 +262,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         key, text, question = await plan(Conversation.of(req.messages), req.context_id)
-        asked = req.max_new_tokens(None)     # unset: up to the default, fewer where the window has less room
+        asked = req.max_new_tokens()     # unset: up to the default, fewer where the window has less room
 
         def work(job):
             ctx, encoded = worker.context(key, text, job)

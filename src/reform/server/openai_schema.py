@@ -112,8 +112,9 @@ class ChatRequest(BaseModel):
         return {"temperature": 0.0 if self.temperature is None else self.temperature,
                 "top_p": 1.0 if self.top_p is None else self.top_p, "seed": self.seed, "stop": tuple(stop)}
 
-    def max_new_tokens(self, default: int | None) -> int | None:
-        return self.max_completion_tokens or self.max_tokens or default
+    def max_new_tokens(self) -> int | None:
+        """The answer length this request sets (``max_completion_tokens`` first), or None."""
+        return self.max_completion_tokens or self.max_tokens
 
 
 @dataclass
