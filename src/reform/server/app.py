@@ -3,8 +3,9 @@
 - ``POST /v1/chat/completions`` — the OpenAI schema, streamed as server-sent ``chat.completion.chunk``
   events ending with ``[DONE]``; earlier messages are the context (encoded once, kept in the store by
   content), the last user message the question; ``context_id`` names an uploaded context.
-- ``POST /v1/contexts`` (JSON ``{"text": ...}`` or a multipart ``file``) answers an id at once and encodes
-  in the background; ``GET /v1/contexts[/{id}]`` shows status and progress; ``DELETE`` removes.
+- ``POST /v1/contexts`` (JSON ``{"text": ...}``, one multipart ``file`` or form field ``text``, or a text
+  body) answers an id at once and encodes in the background; ``GET /v1/contexts[/{id}]`` shows status and
+  progress; ``DELETE`` removes.
 - ``GET /v1/models[/{id}]``, ``GET /health``.
 
 Every response names the process that answered in an ``X-Reform-Worker: HOST/PID`` header (behind a load
@@ -12,7 +13,8 @@ balancer or Ray Serve, which replica it was).
 
 Every error is one JSON object in OpenAI's error shape with a fitting status: 400 bad request, 401
 without the API key, 404 unknown model, context or endpoint, 405 wrong method, 413 too large, 503 (with
-``Retry-After``) when the queue is full, 504 past the per-request timeout. Talks to the model only through ``Worker``.
+``Retry-After``) when the queue is full, 504 past the per-request timeout. Talks to the model only through
+``Worker``.
 """
 
 from __future__ import annotations
@@ -135,6 +137,10 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
                                 f"{settings.max_context_tokens}", code="context_too_large")
         return key, n
 
+    def not_served(name: str) -> ApiError:
+        return ApiError(404, f"model '{name}' is not served here; this server serves '{model_id}'", param="model",
+                        code="model_not_found")
+
     def known(key: str) -> bool:
         return key in worker.loaded or worker.store.has(key) or key in pending
 
@@ -255,8 +261,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
             raise ApiError(400, f"invalid request: {at}{first.get('msg')}", param=where or None) from None
         req.refuse_unsupported()
         if req.model not in served_names:
-            raise ApiError(404, f"model '{req.model}' is not served here; this server serves '{model_id}'",
-                           param="model", code="model_not_found")
+            raise not_served(req.model)
         try:
             Sampling(**req.sampling())
         except ValueError as e:
@@ -414,8 +419,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/models/{name:path}")           # model ids may hold slashes (Qwen/Qwen2.5-7B-Instruct)
     async def retrieve_model(name: str):
         if name not in served_names:
-            raise ApiError(404, f"model '{name}' is not served here; this server serves '{model_id}'",
-                           param="model", code="model_not_found")
+            raise not_served(name)
         return model_card
 
     @app.get("/health")
