@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from reform.engine import KVCache, LayerCache, StreamingLLM, TOVA
+from reform.engine import KVCache, LayerCache, StreamingLLMPolicy, TOVAPolicy
 from reform.engine.layout import as_tensor
 from reform.methods import OptionError
 from reform.methods.rag import PassageIndex, pick_passages
@@ -117,14 +117,14 @@ class NoRotation:
 
 def test_streaming_keeps_sinks_and_recent_window():
     lc = layer_cache(50)
-    StreamingLLM(budget=12, keep_first=4).compress(KVCache([lc]), NoRotation())
+    StreamingLLMPolicy(budget=12, keep_first=4).compress(KVCache([lc]), NoRotation())
     assert lc.keys_pre[:, :, 0].tolist() == [list(range(4)) + list(range(42, 50))] * 2
 
 
 def test_tova_keeps_what_the_last_query_attends_to_most_averaged_over_heads():
     lc = layer_cache(30)
     received = torch.rand(2, 30)
-    policy = TOVA(budget=10, keep_first=2, keep_last=3)
+    policy = TOVAPolicy(budget=10, keep_first=2, keep_last=3)
     policy.observe(0, received, lc, 30)
     policy.compress(KVCache([lc]), NoRotation())
     total = received.sum(0)
@@ -151,12 +151,12 @@ def test_token_nll_matches_hf_loss_across_chunks(tiny_model):
 def infinipot_kept(model, nll, nuc_share):
     """Token indices (per KV head, layer 1) that InfiniPot keeps of a 60-token cache with the given NuC."""
     from reform.engine import Engine
-    from reform.engine.policies import InfiniPot
+    from reform.engine.policies import InfiniPotPolicy
     eng, ids = Engine(model), torch.randint(3, 128, (60,), generator=torch.Generator().manual_seed(3))
     cache = KVCache.empty(eng.shape.n_layers)
     eng.forward(ids, cache)
     before = cache.layers[1].keys_pre.clone()
-    policy = InfiniPot(20, 4, 4, engine=eng, catalyst=torch.tensor([5, 6, 7, 8]), nuc_share=nuc_share)
+    policy = InfiniPotPolicy(20, 4, 4, engine=eng, catalyst=torch.tensor([5, 6, 7, 8]), nuc_share=nuc_share)
     policy._nll = nll
     policy.compress(cache, eng.rotary)
     after = cache.layers[1].keys_pre

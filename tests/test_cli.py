@@ -89,12 +89,12 @@ def test_profile_flag(text_file):
     assert r.exit_code == 2 and "must be one of default, fast, got 'turbo'" in r.output
     r = run("ask", str(text_file), "-q", "What?", "--method", "h2o", "--profile", "fast")
     assert r.exit_code == 2 and "takes no --profile option" in r.output
-    from reform.cli.main import parse_options
+    from reform.cli.common import parse_options
     assert parse_options(["segments=2"], "fast") == {"profile": "fast", "segments": 2}
 
 
 def test_option_values_are_typed():
-    from reform.cli.main import parse_options
+    from reform.cli.common import parse_options
     assert parse_options(["dca=true", "retrieval_layer=14", "weight=0.5", "heads=5:v:2"]) == \
         {"dca": True, "retrieval_layer": 14, "weight": 0.5, "heads": "5:v:2"}
 

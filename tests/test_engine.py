@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reform.engine import H2O, Engine, KVCache
+from reform.engine import H2OPolicy, Engine, KVCache
 from reform.engine.attention import attention_received, blocked_attention, causal_attention, cpu_attention_path
 from reform.engine.rope import Rotary
 
@@ -137,7 +137,7 @@ def test_kept_keys_equal_keys_computed_at_new_positions(tiny_model):
         def on_qkv(self, layer, q, k, v):
             captured.setdefault(layer, torch.zeros(k.shape[0], 160, k.shape[2]))[:, self.span] = k
 
-    policy = H2O(budget=40, keep_first=8, keep_last=8, score_window=16)
+    policy = H2OPolicy(budget=40, keep_first=8, keep_last=8, score_window=16)
     eng.prefill(ids, cache, chunk_size=50, hook=Capture(), policy=policy)
     assert cache.length == 40
     for layer, lc in enumerate(cache.layers):
@@ -156,7 +156,7 @@ def test_positions_never_exceed_window():
     model = tiny(window=128)
     eng = Engine(model)
     cache = KVCache.empty(2)
-    policy = H2O(budget=48, keep_first=8, keep_last=8, score_window=16)
+    policy = H2OPolicy(budget=48, keep_first=8, keep_last=8, score_window=16)
     eng.prefill(torch.randint(3, 128, (2000,)), cache, chunk_size=64, policy=policy)  # 2000 >> 128
     assert cache.length == 48
     import pytest

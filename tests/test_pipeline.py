@@ -176,9 +176,9 @@ def test_early_exit_runs_only_the_projections_of_the_deepest_head_layer(tiny_mod
     assert calls == {"mlp2": 0, "attn3": 0}
     from reform.engine.cache import KVCache
     from reform.engine.extractors import HeadEmbeddings
-    from reform.engine.policies import H2O
+    from reform.engine.policies import H2OPolicy
     c = pipe.method.config
     emb = HeadEmbeddings(list(c.heads), pipe.engine.shape, ctx.ids.shape[0], "cpu", c.embed_dtype)
     pipe.engine.prefill(ctx.ids, KVCache.empty(emb.exit_layer + 1), chunk_size=c.chunk_size, hook=emb,
-                        policy=H2O(c.cache_budget, c.keep_first, c.keep_last, c.score_window))
+                        policy=H2OPolicy(c.cache_budget, c.keep_first, c.keep_last, c.score_window))
     torch.testing.assert_close(emb.data, ctx.state.data)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from reform.engine import KVCache
-from reform.heads.layer_select import passkey_sample, sample_recalls, select_layer
+from reform.methods.ilre_layer import passkey_sample, sample_recalls, select_layer
 from reform.methods.ilre import allocate, attention_scores, key_positions
-from reform.methods.reattention import KVStore, ReAttentionPolicy, spans, votes
+from reform.engine.policies import KVStore, ReAttentionPolicy, spans, votes
 from reform.pipeline import Pipeline
 from reform.stats import Timer
 
@@ -127,7 +127,7 @@ def test_layer_sweep_scores_each_layer_as_ilre_with_that_layer_does(tokenizer):
 
 
 def test_select_layer_picks_the_smallest_layer_with_the_highest_recall(tokenizer, monkeypatch):
-    import reform.heads.layer_select as ls
+    import reform.methods.ilre_layer as ls
     pipe = Pipeline(tiny(), tokenizer, method="ilre", retrieval_layer=0)
     recalls = iter([([0.2, 0.9, 0.9, 0.5], [False] * 4), ([0.4, 0.7, 0.7, 1.0], [False, False, False, True])])
     monkeypatch.setattr(ls, "sample_recalls", lambda *a: next(recalls))

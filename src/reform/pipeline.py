@@ -15,7 +15,7 @@ from .engine.layout import Templater, as_tensor
 from .heads import find_preset
 from .methods import REGISTRY, Answer, Context, Method
 from .methods.options import options_from_json, options_json
-from .methods.saved import restore_context
+from .methods.saved import restore_parts
 from .model import DEFAULT_MODEL, load_model
 from .store.format import ContextFileError, ids_sha256, read_manifest, read_tensors
 
@@ -127,7 +127,9 @@ class Pipeline:
         if "ids" not in tensors or ids_sha256(tensors["ids"]) != manifest.get("ids_sha256"):
             raise ContextFileError(f"{path} is corrupted: its token ids do not match their digest")
         try:
-            ctx = restore_context(self, method, tensors, manifest.get("cache"))
+            ids, cache, state = restore_parts(self.engine, tensors, manifest.get("cache"))
+            ctx = Context(self, method, ids, cache=cache)
+            method.restore_state(ctx, state)
         except (KeyError, ValueError, RuntimeError) as e:
             raise ContextFileError(f"{path} is corrupted: {e}") from None
         ctx.load_seconds = time.perf_counter() - t

@@ -32,7 +32,7 @@ from ..model import cache_root, release_freed_memory
 from ..outputs import write_atomic
 from ..pipeline import Pipeline
 from ..stats import current_memory_mb, peak_cuda_mb, peak_memory_mb, reset_peak_memory
-from .machine import machine_info, matmul_throughput
+from ..machine import machine_info, matmul_throughput
 from .peer import layer_equivalents, llama_cpp_rows
 
 RESULTS = "bench.json"

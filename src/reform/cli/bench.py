@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .eval import MethodsOpt, check_load, check_methods, load
-from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, app, checked_output, err, fail, notes_as_lines, out
+from .common import CliError, DeviceOpt, DtypeOpt, ModelOpt, app, checked_output, err, fail, notes_as_lines, out
 
 
 def scaling_lengths(text: str) -> list[int]:

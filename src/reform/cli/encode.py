@@ -12,13 +12,12 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .main import (CacheOpt, ChatTemplateOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt,
-                   ModelOpt, OptionOpt, ProfileOpt, RecomputeOpt, app, check_load_options, checked_output,
-                   encode_text, err, fail, load_options, on_interrupt, parse_options, pipeline_from,
-                   read_text_file)
+from .common import (CliError, LoadArgs, app, check_load_options, checked_output, encode_text, err, fail,
+                     on_interrupt, pipeline_from, read_text_file, with_load_options)
 
 
 @app.command()
+@with_load_options
 def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --store also a folder, a glob "
                                         "('docs/*.txt') or an fsspec URL ('s3://bucket/docs/')"),
            output: Optional[Path] = typer.Option(None, "--out", "-o", help="save the one document's context "
@@ -32,22 +31,16 @@ def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --sto
                                                  "model once (default: the cluster's CPUs / --threads-per-worker)"),
            threads_per_worker: int = typer.Option(1, "--threads-per-worker", min=1, help="CPUs per Ray actor"),
            as_json: bool = typer.Option(False, "--json", help="print one JSON object with the result"),
-           model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
-           chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
-           recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
-           dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
-           profile: Optional[str] = ProfileOpt,
-           chat_template: bool = ChatTemplateOpt):
+           *, load: LoadArgs):
     """Encode documents once and save their contexts; ask them later with `reform ask --context FILE`
     or through `reform serve --store`."""
-    load = None
+    args, load = load, None
     try:
         if (output is None) == (store is None):
             raise CliError("give --out FILE (one document) or --store FOLDER_OR_URL (one or many documents)")
         if ray and store is None:
             raise CliError("--ray encodes into a store: give --store FOLDER_OR_URL")
-        load = load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype,
-                            chat_template, parse_options(option, profile))
+        load = args.load()
     except CliError as e:
         fail(e)
     if output is not None:

@@ -9,12 +9,11 @@ from typing import Optional
 
 import typer
 
-# defined before importing main, which registers it (main imports this module at its end)
+from .common import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, notes_as_lines, on_interrupt, out
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Evaluate methods side by side: NIAH heat maps, RULER-style and BABILong-style suites, "
                        "or any JSONL of rows.")
-
-from .main import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, notes_as_lines, on_interrupt, out  # noqa: E402
 
 MethodsOpt = typer.Option("reform", "--methods", help="comma-separated methods, each optionally with options: "
                           "reform,h2o,truncate:recompute_budget=512 (options are fields of the method's config)")

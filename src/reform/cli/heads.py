@@ -12,12 +12,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .common import CliError, checked_output, say
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Find and inspect REFORM's embedding heads.")
 console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def _fail(msg: str):
-    from .main import say
     say("[bold red]error:[/]", msg)
     raise typer.Exit(2)
 
@@ -34,7 +35,6 @@ def _load(model, device, dtype):
 
 def _writable(path: Path | None, flag: str, folder: bool = False) -> Path | None:
     """Refuse an output path that cannot be written before any work (minutes of it) starts."""
-    from .main import CliError, checked_output
     if path is None:
         return None
     try:
@@ -153,7 +153,7 @@ def evaluate(preset: Optional[Path] = typer.Argument(None, help="preset JSON (de
              model: Optional[str] = typer.Option(None, "--model", "-m"),
              as_json: bool = typer.Option(False, "--json")):
     """Held-out MNR of the selected heads vs random heads vs the worst heads (paper Table 6a)."""
-    from ..heads import find_preset, load_preset
+    from ..heads import find_preset
     from ..heads.select import MNRTable, evaluate_sets, random_heads
     pipe = _load(model, None, None)
     data = _read(preset) if preset else find_preset(pipe.model_name)
@@ -192,7 +192,7 @@ def select_layer(samples: int = typer.Option(6, "--samples", min=1, help="passke
                  device: Optional[str] = typer.Option(None, "--device"),
                  dtype: Optional[str] = typer.Option(None, "--dtype")):
     """ILRe's retrieval layer: passkey recall of every layer, the smallest with the highest recall (ILRe §3.2)."""
-    from ..heads.layer_select import select_layer as sweep
+    from ..methods.ilre_layer import select_layer as sweep
     from ..outputs import write_atomic
     out = _writable(out, "--out")
     pipe = _load(model, device, dtype)

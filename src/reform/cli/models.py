@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .main import app, err, out
+from .common import CliError, app, checked_output, err, fail, out
 
 
 @app.command()
@@ -22,7 +22,6 @@ def models(all_types: bool = typer.Option(False, "--all", help="also every other
     from ..conformance import VARIANTS, all_variants, check, table
     from ..model import ModelLoadError, pick_device
     from ..outputs import write_atomic
-    from .main import CliError, checked_output, fail
 
     if out_file is not None:
         try:

@@ -8,12 +8,12 @@ from typing import Optional
 
 import typer
 
-from .main import (CacheOpt, ChunkOpt, CliError, DeviceOpt, DtypeOpt, HeadsOpt, MethodOpt, ModelOpt, OptionOpt,
-                   ProfileOpt, RecomputeOpt, app, check_load_options, checked_output, err, fail, load_options,
-                   parse_options, pipeline_from)
+from .common import (CliError, LoadArgs, app, check_load_options, checked_output, err, fail, pipeline_from,
+                     with_load_options)
 
 
 @app.command()
+@with_load_options
 def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
           port: int = typer.Option(8000, "--port", min=1, max=65535),
           store: str = typer.Option("reform-store", "--store", help="folder or fsspec URL of saved contexts "
@@ -32,17 +32,13 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                         "(504 after)"),
           max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="longest answer when a request "
                                          "gives no max_tokens (shorter where the model's window has less room)"),
-          model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
-          chunk_size: Optional[int] = ChunkOpt, cache_budget: Optional[int] = CacheOpt,
-          recompute_budget: Optional[int] = RecomputeOpt, device: Optional[str] = DeviceOpt,
-          dtype: Optional[str] = DtypeOpt, option: Optional[list[str]] = OptionOpt,
-          profile: Optional[str] = ProfileOpt,
           ray: bool = typer.Option(False, "--ray", help="run --replicas copies as Ray Serve replicas"),
           address: Optional[str] = typer.Option(None, "--address", envvar="RAY_ADDRESS",
                                                 help="the Ray cluster (default: $RAY_ADDRESS, else a local one)"),
           replicas: int = typer.Option(2, "--replicas", min=1, help="Ray Serve replicas (with --ray)"),
           threads_per_replica: int = typer.Option(1, "--threads-per-replica", min=1, help="CPUs per replica "
-                                                  "(with --ray)")):
+                                                  "(with --ray)"),
+          *, load: LoadArgs):
     """Serve the model over an OpenAI-compatible API (chat completions, saved contexts)."""
     from ..server import Settings, build_app
     from ..store import ContextFileError, ContextStore
@@ -57,8 +53,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         if api_key is not None and not api_key.strip():
             raise CliError("--api-key is empty")
         check_port_free(host, port)
-        load = load_options(model, method, heads, chunk_size, cache_budget, recompute_budget, device, dtype, True,
-                            parse_options(option, profile))
+        load = load.load()
         settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens)

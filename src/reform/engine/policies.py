@@ -7,7 +7,8 @@ budget afterwards (``compress``). Kept entries keep their order and are re-packe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -68,7 +69,7 @@ class TopBudget:
 
 
 @dataclass
-class H2O(TopBudget):
+class H2OPolicy(TopBudget):
     """Heavy-Hitter Oracle (Zhang et al., 2023), as REFORM compresses with it (REFORM §3.1, §4 setup).
 
     Each cached token's score is the attention it has received, accumulated over chunks, per KV head
@@ -84,7 +85,7 @@ class H2O(TopBudget):
 
 
 @dataclass
-class TOVA(TopBudget):
+class TOVAPolicy(TopBudget):
     """Token Omission Via Attention (Oren et al., 2024, "Transformers are Multi-State RNNs").
 
     TOVA drops the token the current query attends to least, attention averaged over all heads of the
@@ -102,7 +103,7 @@ class TOVA(TopBudget):
 
 
 @dataclass
-class StreamingLLM(TopBudget):
+class StreamingLLMPolicy(TopBudget):
     """Attention sinks + recent window (Xiao et al., 2024, "Efficient Streaming Language Models with
     Attention Sinks"): keep the first ``keep_first`` tokens (the sinks) and the most recent
     ``budget - keep_first``; no scores. ``keep_last`` is derived from the budget. Positions are re-packed
@@ -150,7 +151,7 @@ class _ReceivedFrom:
 
 
 @dataclass
-class InfiniPot(TopBudget):
+class InfiniPotPolicy(TopBudget):
     """InfiniPot's continual context distillation (Kim et al., EMNLP 2024, "InfiniPot: Infinite Context
     Processing on Memory-Constrained LLMs"). The pot is the cache plus the incoming chunk; when it is full
     (after every chunk) it is distilled back to ``budget`` entries per layer and KV head:
@@ -206,7 +207,7 @@ class BlockMemory:
     """InfLLM's context memory for one layer: pre-RoPE keys, values and accumulated attention scores of
     every token that left the local window, read as blocks of ``block_size`` tokens, each represented by
     the ``repr_tokens`` keys (per KV head) that received the most attention while they were in the cache.
-    (``InfLLM`` adds whole blocks only, so every layer retrieves the same number of tokens.)"""
+    (``InfLLMPolicy`` adds whole blocks only, so every layer retrieves the same number of tokens.)"""
 
     def __init__(self, block_size: int, repr_tokens: int):
         self.block_size, self.repr_tokens = block_size, repr_tokens
@@ -249,7 +250,7 @@ class BlockMemory:
 
 
 @dataclass
-class InfLLM:
+class InfLLMPolicy:
     """InfLLM's block memory (Xiao et al., 2024, "InfLLM: Unveiling the Intrinsic Capacity of LLMs for
     Understanding Extremely Long Sequences with Training-Free Memory"; REFORM §4, the random-access
     baseline). Each layer's cache holds the
@@ -319,3 +320,128 @@ class InfLLM:
             keep = torch.cat([torch.arange(n_sink, device=device), torch.arange(start, start + grow, device=device),
                               rest[n_gone:]])
             lc.keep(keep.expand(lc.keys.shape[0], -1), rotary)
+
+
+# ------------------------------------------------------------------ ReAttention's selection (§2.1; methods/reattention.py)
+def votes(q: torch.Tensor, keys: torch.Tensor, top_k: int, tile: int) -> torch.Tensor:
+    """How often each of the ``keys`` ([H_kv, M, D], pre-RoPE) is among the ``top_k`` by q·k of a (query
+    head, query) pair of ``q`` ([H, T, D], pre-RoPE); [M] counts. Keys are scored ``tile`` at a time and
+    merged into a running top-k, so no [H x T x M] matrix exists."""
+    h_kv, m, d = keys.shape
+    qg = q.reshape(h_kv, -1, d)                                   # query head h reads KV head h // rep
+    k = min(top_k, m)
+    best_v = torch.empty(*qg.shape[:2], 0, dtype=q.dtype, device=q.device)
+    best_i = torch.empty(*qg.shape[:2], 0, dtype=torch.long, device=q.device)
+    for s in range(0, m, tile):
+        v, i = (qg @ keys[:, s:s + tile].transpose(1, 2)).topk(min(k, keys[:, s:s + tile].shape[1]), dim=-1)
+        best_v, j = torch.cat([best_v, v], -1).topk(min(k, best_v.shape[-1] + v.shape[-1]), dim=-1)
+        best_i = torch.cat([best_i, i + s], -1).gather(-1, j)
+    return torch.bincount(best_i.flatten(), minlength=m)
+
+
+def spans(counts: torch.Tensor, winners: int, span: int) -> torch.Tensor:
+    """The ``winners`` most voted tokens (ties: earlier first; unvoted never win), each expanded to the
+    ``span`` tokens centred on it, clamped to ``[0, M)``, deduplicated, ascending."""
+    m = counts.shape[0]
+    rank = counts.long() * m + torch.arange(m - 1, -1, -1, device=counts.device)   # count, then earlier
+    top = rank.topk(min(winners, int((counts > 0).sum()))).indices
+    offsets = torch.arange(-(span // 2), (span + 1) // 2, device=counts.device)
+    return torch.unique((top[:, None] + offsets).clamp(0, m - 1))
+
+
+class KVStore:
+    """One layer's full pre-RoPE keys and values, ``[H_kv, n, D]``, grown by doubling. A ``fork`` shares
+    the buffers: it writes only past the original's end, so forks (one question at a time) leave the
+    context's cache untouched."""
+
+    def __init__(self):
+        self.keys = self.values = None
+        self.n = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        t = keys.shape[1]
+        if self.keys is None or self.n + t > self.keys.shape[1]:
+            cap = max(self.n + t, 2 * self.n, 1024)
+            self.keys, self.values = self._grown(self.keys, keys, cap), self._grown(self.values, values, cap)
+        self.keys[:, self.n:self.n + t] = keys
+        self.values[:, self.n:self.n + t] = values
+        self.n += t
+
+    def _grown(self, old: torch.Tensor | None, like: torch.Tensor, cap: int) -> torch.Tensor:
+        new = like.new_empty(like.shape[0], cap, like.shape[2])
+        if self.n:
+            new[:, :self.n] = old[:, :self.n]
+        return new
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the entries held (spare capacity not counted)."""
+        if self.keys is None:
+            return 0
+        return 2 * self.n * self.keys.shape[0] * self.keys.shape[2] * self.keys.element_size()
+
+    def fork(self) -> "KVStore":
+        return copy.copy(self)
+
+
+@dataclass
+class ReAttentionPolicy:
+    """Engine policy: ``arrange`` fills a layer's cache with [global | selected spans | local] from its full
+    store before each block attends; the block's own entries join the store afterwards (``compress`` after
+    a prefill chunk, or the next ``arrange``)."""
+
+    global_size: int
+    local_size: int
+    winners: int
+    span_size: int
+    top_k: int = 4
+    tile_elems: int = 1 << 23          # scores per top-k tile
+    stores: list[KVStore] | None = None
+    score_window: int = 0              # no eviction scores
+
+    def __post_init__(self):
+        self.stores = [] if self.stores is None else self.stores
+        self._from_store: dict[int, int] = {}     # layer -> leading cache entries that came from its store
+
+    def fork(self) -> "ReAttentionPolicy":
+        return replace(self, stores=[s.fork() for s in self.stores])
+
+    def _absorb(self, layer: int, cache: LayerCache) -> KVStore:
+        while len(self.stores) <= layer:
+            self.stores.append(KVStore())
+        store, old = self.stores[layer], self._from_store.pop(layer, 0)
+        if cache.length > old:
+            store.append(cache.keys_pre[:, old:], cache.values[:, old:])
+        return store
+
+    def selection(self, q: torch.Tensor, store: KVStore) -> torch.Tensor:
+        """Store indices the block of queries ``q`` attends to before itself: global, spans, local."""
+        n, t = store.n, q.shape[1]
+        g = min(self.global_size, n)
+        local = min(max(0, self.local_size - t), n - g)          # the block itself is part of the window
+        middle = store.keys[:, g:n - local]
+        parts = [torch.arange(g, device=q.device)]
+        if middle.shape[1]:
+            tile = max(1, self.tile_elems // (q.shape[0] * t))
+            parts.append(g + spans(votes(q, middle, self.top_k, tile), self.winners, self.span_size))
+        return torch.cat(parts + [torch.arange(n - local, n, device=q.device)])
+
+    @torch.inference_mode()
+    def arrange(self, layer: int, q: torch.Tensor, cache: LayerCache, rotary: Rotary) -> None:
+        store = self._absorb(layer, cache)
+        if store.n == 0:                  # the input's first block: nothing to attend to before it
+            return
+        idx = self.selection(q, store)
+        cache.keys_pre, cache.values, cache.scores = store.keys[:, idx], store.values[:, idx], None
+        cache.keys = rotary.rotate(cache.keys_pre, 0, layer)              # fresh contiguous positions (Eq. 3)
+        self._from_store[layer] = idx.shape[0]
+
+    def observe(self, layer: int, received: torch.Tensor, cache: LayerCache, n_new: int) -> None:
+        pass
+
+    @torch.inference_mode()
+    def compress(self, cache: KVCache, rotary: Rotary) -> None:
+        """The block's entries go to the stores; the caches empty until the next block arranges them."""
+        for i, lc in enumerate(cache.layers):
+            self._absorb(i, lc)
+            lc.keys_pre = lc.keys = lc.values = lc.scores = None

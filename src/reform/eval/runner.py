@@ -92,7 +92,7 @@ def versions() -> dict:
     import torch
     import transformers
 
-    from .. import __version__ as reform_version
+    from ..version import __version__ as reform_version
     return {"reform": reform_version, "python": sys.version.split()[0], "torch": torch.__version__,
             "transformers": transformers.__version__}
 
@@ -102,7 +102,7 @@ def machine(model) -> dict:
     with it: bf16 is picked on CPUs with native bf16); CPU until a model is loaded."""
     import torch
 
-    from ..bench.machine import machine_info
+    from ..machine import machine_info
     if model is None:
         return machine_info(torch.device("cpu"))
     weight = next(model.parameters())

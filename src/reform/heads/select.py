@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..engine.cache import KVCache
 from ..engine.extractors import HeadEmbeddings, HeadSpec
 from ..engine.layout import as_tensor
-from ..engine.policies import H2O
+from ..engine.policies import H2OPolicy
 from .tasks import TASKS, Sample, make_sample
 
 KINDS = ("q", "k", "v")
@@ -98,7 +98,7 @@ def sample_scores(pipe, sample: Sample, heads: list[HeadSpec], *, budget: int = 
             on_qkv = emb.on_qkv
 
         eng.prefill(as_tensor(sample.ids, eng.device), cache, chunk_size=shape.window // 4, hook=Both(),
-                    policy=H2O(budget, keep, keep))
+                    policy=H2OPolicy(budget, keep, keep))
         q_emb.begin(0, qn)
         if hid:
             hid.span = slice(n, n + qn)

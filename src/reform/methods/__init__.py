@@ -1,20 +1,23 @@
 from .base import REGISTRY, Answer, CachedMethod, Context, Method
 from .full import Full
-from .h2o import H2OConfig, H2OMethod
+from .h2o import H2OConfig, H2O
 from .ilre import ILRe, ILReConfig
-from .infinipot import InfiniPotConfig, InfiniPotMethod
-from .infllm import InfLLMConfig, InfLLMMethod
+from .infinipot import InfiniPotConfig, InfiniPot
+from .infllm import InfLLMConfig, InfLLM
 from .options import OptionError
 from .rag import RagBM25, RagConfig, RagDense
 from .reattention import ReAttention, ReAttentionConfig
 from .reform import Reform, ReformConfig
 from .reform_rag import ReformRag, ReformRagConfig
-from .streaming import Streaming, StreamingConfig
-from .tova import TOVAConfig, TOVAMethod
+from .streaming import StreamingConfig, StreamingLLM
+from .tova import TOVAConfig, TOVA
 from .truncate import Truncate, TruncateConfig
 
+# Earlier names, kept for code that imports them: a method class is named after its paper (docs/architecture.md).
+H2OMethod, TOVAMethod, InfiniPotMethod, InfLLMMethod, Streaming = H2O, TOVA, InfiniPot, InfLLM, StreamingLLM
+
 __all__ = ["REGISTRY", "Answer", "CachedMethod", "Context", "Method", "OptionError", "Full", "Reform",
-           "ReformConfig", "ReformRag", "ReformRagConfig", "Truncate", "TruncateConfig", "Streaming",
-           "StreamingConfig", "H2OMethod", "H2OConfig", "TOVAMethod", "TOVAConfig", "RagBM25", "RagDense",
-           "RagConfig", "InfiniPotMethod", "InfiniPotConfig",
-           "InfLLMMethod", "InfLLMConfig"]
+           "ReformConfig", "ReformRag", "ReformRagConfig", "Truncate", "TruncateConfig", "StreamingLLM",
+           "StreamingConfig", "H2O", "H2OConfig", "TOVA", "TOVAConfig", "RagBM25", "RagDense", "RagConfig",
+           "InfiniPot", "InfiniPotConfig", "InfLLM", "InfLLMConfig", "ILRe", "ILReConfig", "ReAttention",
+           "ReAttentionConfig", "H2OMethod", "TOVAMethod", "InfiniPotMethod", "InfLLMMethod", "Streaming"]

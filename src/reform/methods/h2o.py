@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.policies import H2O
+from ..engine.policies import H2OPolicy
 from .base import CachedMethod, register
 from .options import EvictionConfig, require_positive
 
@@ -22,11 +22,11 @@ class H2OConfig(EvictionConfig):
         super().check(shape)
 
     def policy(self) -> H2O:
-        return H2O(self.cache_budget, self.keep_first, self.keep_last, self.score_window)
+        return H2OPolicy(self.cache_budget, self.keep_first, self.keep_last, self.score_window)
 
 
 @register
-class H2OMethod(CachedMethod):
+class H2O(CachedMethod):
     """Encode recurrently over all layers with H2O eviction, then generate from the compressed cache."""
 
     name = "h2o"

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from ..engine.cache import KVCache
 from ..engine.core import Engine, ModelShape
 from ..engine.layout import QuestionPart, as_tensor
-from ..engine.policies import StreamingLLM
+from ..engine.policies import StreamingLLMPolicy
 from ..stats import Timer
 from .base import Context, Method, register
 from .options import pick, require_chunk_size, require_positive, require_room
@@ -247,7 +247,7 @@ class ILRe(Method):
         s = engine.shape
         keys = LayerStates([c.retrieval_layer], "k", s.n_kv_heads, n, s.head_dim, c.key_dtype, engine.device)
         cache = KVCache.empty(c.retrieval_layer)        # early exit: layers > l_R never run, l_R only its Q/K/V
-        policy = StreamingLLM(budget=c.cache_budget, keep_first=c.keep_first)
+        policy = StreamingLLMPolicy(budget=c.cache_budget, keep_first=c.keep_first)
         stream(engine, ids, cache, chunk_size=c.chunk_size, sink=c.keep_first, policy=policy, hook=keys,
                progress=progress, qkv_only_next=True)
         return Context(pipe, self, ids, cache=cache, state=keys.states[0])

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..engine.layout import as_tensor
-from ..engine.policies import InfiniPot
+from ..engine.policies import InfiniPotPolicy
 from .base import CachedMethod, register
 from .options import EvictionConfig
 
@@ -30,12 +30,12 @@ class InfiniPotConfig(EvictionConfig):
     nuc_share: float = 0.5
 
     def policy(self, engine=None, catalyst=None) -> InfiniPot:
-        return InfiniPot(self.cache_budget, self.keep_first, self.keep_last, engine=engine, catalyst=catalyst,
+        return InfiniPotPolicy(self.cache_budget, self.keep_first, self.keep_last, engine=engine, catalyst=catalyst,
                          nuc_share=self.nuc_share)
 
 
 @register
-class InfiniPotMethod(CachedMethod):
+class InfiniPot(CachedMethod):
     """Encode recurrently over all layers, distilling the pot after every chunk; generate from it."""
 
     name = "infinipot"

@@ -12,7 +12,7 @@ import torch
 
 from ..engine.cache import KVCache
 from ..engine.layout import QuestionPart, as_tensor
-from ..engine.policies import InfLLM
+from ..engine.policies import InfLLMPolicy
 from ..stats import Timer
 from .base import CachedMethod, Context, Prompt, register
 from .options import CacheConfig, keep_default, pick, require_positive
@@ -54,12 +54,12 @@ class InfLLMConfig(CacheConfig):
         super().check(shape)
 
     def policy(self, memory=None, score_window: int | None = None) -> InfLLM:
-        return InfLLM(self.keep_first, self.local_size, self.blocks, self.block_size, self.repr_tokens,
+        return InfLLMPolicy(self.keep_first, self.local_size, self.blocks, self.block_size, self.repr_tokens,
                       pick(score_window, self.score_window), memory)
 
 
 @register
-class InfLLMMethod(CachedMethod):
+class InfLLM(CachedMethod):
     """Encode chunk by chunk with block retrieval in every layer; the question retrieves its own blocks,
     and the answer is generated from sinks + those blocks + local window + question."""
 
@@ -67,7 +67,7 @@ class InfLLMMethod(CachedMethod):
     sliding_windows = False   # its arrangement splices retrieved entries into every layer
     Config = InfLLMConfig
 
-    def state(self, policy: InfLLM):
+    def state(self, policy: InfLLMPolicy):
         return policy.memory
 
     def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:

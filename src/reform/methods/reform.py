@@ -31,7 +31,7 @@ from ..engine.cache import KVCache
 from ..engine.core import ModelShape
 from ..engine.extractors import HeadEmbeddings, HeadSpec
 from ..engine.layout import QuestionPart, as_tensor
-from ..engine.policies import H2O, forced_mask, top_budget
+from ..engine.policies import H2OPolicy, forced_mask, top_budget
 from ..heads import load_preset, resolve_heads
 from ..stats import Timer
 from .base import Context, Method, register
@@ -181,7 +181,7 @@ class Reform(Method):
         c = self.config
         emb = HeadEmbeddings(list(c.heads), pipe.engine.shape, ids.shape[0], ids.device, c.embed_dtype)
         cache = KVCache.empty(emb.exit_layer)
-        policy = H2O(c.cache_budget, c.keep_first, c.keep_last, c.score_window)
+        policy = H2OPolicy(c.cache_budget, c.keep_first, c.keep_last, c.score_window)
         if progress is not None and skip:          # the anchor is not part of this segment's progress
             left, report = [skip], progress
 

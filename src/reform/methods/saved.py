@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from typing import TYPE_CHECKING
+
 from ..engine.cache import KVCache, LayerCache
-from .base import Context
+
+if TYPE_CHECKING:      # type-only: ``Context`` (base.py) imports this module to save itself
+    from ..engine.core import Engine
+    from .base import Context
 
 _CACHE_PARTS = ("keys_pre", "keys", "values", "scores")
 
@@ -39,9 +44,11 @@ def context_tensors(ctx: Context) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, {"cache": layout}
 
 
-def restore_context(pipe, method, tensors: dict[str, torch.Tensor], layout: list | None) -> Context:
-    """The ``Context`` whose ``context_tensors`` these are, on ``pipe``'s device and dtype."""
-    device, rotary = pipe.engine.device, pipe.engine.rotary
+def restore_parts(engine: Engine, tensors: dict[str, torch.Tensor], layout: list | None
+                  ) -> tuple[torch.Tensor, KVCache | None, dict[str, torch.Tensor]]:
+    """``(ids, cache, method state)`` from ``context_tensors``' output, on ``engine``'s device; the caller
+    builds the ``Context`` and hands the state to its method's ``restore_state``."""
+    device, rotary = engine.device, engine.rotary
     on_device = lambda t: t.to(device)
     cache = None
     if layout is not None:
@@ -52,6 +59,5 @@ def restore_context(pipe, method, tensors: dict[str, torch.Tensor], layout: list
             if entry["keys"] == "rotated":
                 lc.keys = rotary.rotate(lc.keys_pre, 0, lc.layer)
             cache.layers.append(lc)
-    ctx = Context(pipe, method, on_device(tensors["ids"].long()), cache=cache)
-    method.restore_state(ctx, {k[len("state."):]: on_device(v) for k, v in tensors.items() if k.startswith("state.")})
-    return ctx
+    state = {k[len("state."):]: on_device(v) for k, v in tensors.items() if k.startswith("state.")}
+    return on_device(tensors["ids"].long()), cache, state

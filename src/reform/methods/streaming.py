@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.policies import StreamingLLM
+from ..engine.policies import StreamingLLMPolicy
 from .base import CachedMethod, register
 from .options import CacheConfig
 
@@ -17,11 +17,11 @@ class StreamingConfig(CacheConfig):
     the most recent ``cache_budget - keep_first`` tokens; chunk = cache = W/4."""
 
     def policy(self) -> StreamingLLM:
-        return StreamingLLM(self.cache_budget, self.keep_first)
+        return StreamingLLMPolicy(self.cache_budget, self.keep_first)
 
 
 @register
-class Streaming(CachedMethod):
+class StreamingLLM(CachedMethod):
     """Encode recurrently over all layers keeping sinks + recent tokens, then generate from that cache."""
 
     name = "streaming"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.policies import TOVA
+from ..engine.policies import TOVAPolicy
 from .base import CachedMethod, register
 from .options import EvictionConfig
 
@@ -16,11 +16,11 @@ class TOVAConfig(EvictionConfig):
     """Chunk = cache = W/4 and first/last 256 kept, as for every recurrent baseline in the paper."""
 
     def policy(self) -> TOVA:
-        return TOVA(self.cache_budget, self.keep_first, self.keep_last)
+        return TOVAPolicy(self.cache_budget, self.keep_first, self.keep_last)
 
 
 @register
-class TOVAMethod(CachedMethod):
+class TOVA(CachedMethod):
     """Encode recurrently over all layers with TOVA eviction, then generate from the compressed cache."""
 
     name = "tova"

@@ -26,8 +26,8 @@ import torch
 from ..data.haystack import haystack
 from ..engine.cache import KVCache
 from ..engine.layout import QuestionPart, Templater, as_tensor
-from ..engine.policies import StreamingLLM
-from ..methods.ilre import ILReConfig, LayerStates, allocate, attention_scores, key_positions, stream
+from ..engine.policies import StreamingLLMPolicy
+from .ilre import ILReConfig, LayerStates, allocate, attention_scores, key_positions, stream
 
 WORDS = ["dog", "cat", "yellow", "red", "blue", "cup", "green", "house", "tree", "river", "apple", "stone",
          "bird", "chair", "cloud", "lamp", "horse", "window", "bread", "garden", "silver", "ocean", "paper", "road"]
@@ -64,7 +64,7 @@ def sample_recalls(pipe, sample: PasskeySample, config: ILReConfig, budget: int)
     ids, n = as_tensor(sample.ids, engine.device), len(sample.ids)
     keys = LayerStates(range(s.n_layers), "k", s.n_kv_heads, n, s.head_dim, config.key_dtype, engine.device)
     cache = KVCache.empty(s.n_layers)
-    policy = StreamingLLM(config.cache_budget, config.keep_first)
+    policy = StreamingLLMPolicy(config.cache_budget, config.keep_first)
     stream(engine, ids, cache, chunk_size=config.chunk_size, sink=config.keep_first, policy=policy, hook=keys)
     queries = LayerStates(range(s.n_layers), "q", s.n_heads, len(sample.part.ids), s.head_dim, engine.dtype,
                           engine.device)

@@ -1,0 +1,95 @@
+"""``reform ask`` and ``reform demo``: answer a question about a long file (or a saved context), or hide a
+needle in a haystack past the model's window and ask for it."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import (CliError, DeviceOpt, DtypeOpt, HeadsOpt, LoadArgs, MethodOpt, ModelOpt, SeedOpt, StopOpt,
+                     TemperatureOpt, TopPOpt, app, build_pipeline, check_sampling, err, fail, load_saved_context,
+                     out, pipeline_from, read_text_file, run_question, with_load_options)
+
+
+@app.command()
+@with_load_options
+def ask(file: Optional[Path] = typer.Argument(None, help="UTF-8 text file holding the context"),
+        question: Optional[str] = typer.Option(None, "--question", "-q", help="the question to answer"),
+        context: Optional[Path] = typer.Option(None, "--context", "-c", help="a context saved by `reform encode` "
+                                               "(instead of FILE): answers without encoding again"),
+        answer_prefix: str = typer.Option("", "--answer-prefix", help="text the answer starts with"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
+        temperature: float = TemperatureOpt, top_p: float = TopPOpt, seed: Optional[int] = SeedOpt,
+        stop: Optional[list[str]] = StopOpt,
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object with the answer and stats"),
+        *, load: LoadArgs):
+    """Answer QUESTION about FILE (or a saved --context), however long it is."""
+    try:
+        if question is None or not question.strip():
+            raise CliError("a question is required: --question \"...\"")
+        sampling = check_sampling(temperature, top_p, seed, stop)
+        if (file is None) == (context is None):
+            raise CliError("give either FILE or --context FILE.reform (exactly one)")
+        if context is not None:
+            fixed = load.method_flags_given()
+            if fixed:
+                raise CliError(f"{', '.join(fixed)} cannot be combined with --context: a saved context keeps the "
+                               "method and options it was encoded with")
+            pipe, ctx = load_saved_context(context, load.model, load.dtype, load.device)
+            answer = run_question(pipe, None, question, answer_prefix, max_new_tokens, as_json, ctx=ctx,
+                                  sampling=sampling)
+        else:
+            text = read_text_file(file)
+            pipe = pipeline_from(load.load())
+            answer = run_question(pipe, text, question, answer_prefix, max_new_tokens, as_json, sampling=sampling)
+    except CliError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps(answer.to_json()))
+    else:
+        err.print(f"[dim]{answer.method}: {answer.input_tokens} input tokens · "
+                  + " · ".join(f"{k} {v}" for k, v in answer.stats.items()) + "[/]")
+
+
+@app.command()
+def demo(length: Optional[int] = typer.Option(None, "--length", help="haystack tokens (default: 8x window)"),
+         depth: float = typer.Option(0.5, "--depth", min=0.0, max=1.0, help="needle depth, 0..1"),
+         seed: int = typer.Option(0, "--seed"),
+         as_json: bool = typer.Option(False, "--json"),
+         model: Optional[str] = ModelOpt, method: str = MethodOpt, heads: Optional[str] = HeadsOpt,
+         device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+    """Hide a fact in a haystack 8x longer than the model's window and ask for it."""
+    from ..data.haystack import haystack, insert_needle, magic_number_needle
+    try:
+        t0 = time.perf_counter()
+        pipe = build_pipeline(model, method, heads, None, None, None, device, dtype)
+        load_s = time.perf_counter() - t0
+        window = pipe.engine.shape.window
+        length = length or 8 * window
+        rng = random.Random(seed)
+        needle = magic_number_needle(rng)
+        paras = haystack(length, lambda t: len(pipe.templater.encode(t)), rng=rng)
+        text = insert_needle(paras, needle.sentence, depth)
+        if not as_json:
+            err.print(f"[bold]REFORM demo[/]: model {pipe.model_name} (window {window}), "
+                      f"{pipe.tokenize_context(text).shape[0]} context tokens, needle at depth {depth:.0%}")
+            err.print(f"[dim]needle:[/] {needle.sentence}\n[dim]question:[/] {needle.question}")
+            out.print(needle.answer_prefix, end="")
+        answer = run_question(pipe, text, needle.question, needle.answer_prefix, 32, as_json)
+    except CliError as e:
+        fail(e)
+    correct = needle.answer in answer.text
+    result = {**answer.to_json(), "expected": needle.answer, "correct": correct, "load_seconds": round(load_s, 2)}
+    if as_json:
+        print(json.dumps(result))
+    else:
+        err.print(("[green]correct[/]" if correct else "[red]wrong[/]") + f" (expected {needle.answer})")
+        err.print("[dim]stats: " + " · ".join(f"{k} {v}" for k, v in answer.stats.items())
+                  + f" · model load {load_s:.1f}s[/]")
+    if not correct:
+        raise typer.Exit(1)
