@@ -101,6 +101,7 @@ class Worker:
         self.memory_contexts = memory_contexts
         self.loaded: OrderedDict[str, Any] = OrderedDict()       # key -> Context, most recent last
         self.status: dict[str, ContextStatus] = {}                # contexts queued, encoding or failed here
+        self.uploads: dict[str, Job] = {}                        # key -> the queued encode of an upload
         self.lock = threading.Lock()                             # guards ``status`` and ``loaded``
         self.encoded = 0                                         # contexts this worker encoded (not loaded)
         self.busy_since: float | None = None
@@ -245,8 +246,31 @@ class Worker:
             while len(self.loaded) > self.memory_contexts:
                 self.loaded.popitem(last=False)
 
+    def has(self, key: str) -> bool:
+        """``key`` is in memory, in the store, or an upload here is queued or encoding it."""
+        return key in self.loaded or self.store.has(key) or key in self.uploads
+
+    def upload(self, key: str, text: str, tokens: int) -> Job:
+        """Queue the encode of an uploaded context: its status reads "queued" here and, through the store's
+        note, in every process sharing the store. ``QueueFull`` when the queue is full (nothing recorded)."""
+        with self.lock:
+            self.status[key] = ContextStatus(key, "queued", tokens, method=self.pipe.method.name)
+        try:
+            job = self.submit(lambda job: self.context(key, text, job))
+        except QueueFull:
+            with self.lock:
+                self.status.pop(key, None)
+            raise
+        self.uploads[key] = job
+        self.publish(key)
+        job.future.add_done_callback(lambda f: (self.uploads.pop(key, None), f.exception()))
+        return job
+
     def forget(self, key: str) -> bool:
-        """Remove ``key`` from memory, the store and the status table; True if it was anywhere."""
+        """Remove ``key`` from memory, the store and the status table, cancelling an upload's encode; True
+        if it was anywhere."""
+        if (job := self.uploads.pop(key, None)) is not None:
+            job.cancel.set()
         with self.lock:
             in_memory = self.loaded.pop(key, None) is not None
             status = self.status.pop(key, None)
