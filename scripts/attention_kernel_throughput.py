@@ -1,7 +1,7 @@
 """How fast does this machine run the two kernels REFORM's encode spends its time in?
 
 Encoding a 2048-token chunk against a 2048-token compressed cache costs about as many FLOPs in attention
-as in the projections and MLPs (see README "Where the time goes"). This prints the GFLOP/s of PyTorch's
+as in the projections and MLPs (see docs/benchmarks.md, "Where the time goes"). This prints the GFLOP/s of PyTorch's
 CPU flash-attention kernel on exactly those shapes (SmolLM2: 9 query heads, 3 KV heads, head dim 64),
 the engine's whole chunk attention (cache + causal chunk) on each CPU path (`flash`: two flash calls
 merged by log-sum-exp; `blocked`: half-precision matmuls a block of rows at a time, see

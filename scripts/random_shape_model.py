@@ -2,7 +2,7 @@
 
 FLOP efficiency depends on the model's shape: with SmolLM2-135M (hidden 576, head dim 64) attention is half
 of the encode's FLOPs, and attention's QK^T at head dim 64 is a matmul with an inner dimension of 64, which
-oneDNN runs at a third of its projection rate on AMX (README "Encode efficiency by model shape"). Larger
+oneDNN runs at a third of its projection rate on AMX (docs/benchmarks.md, "Encode efficiency by model shape"). Larger
 models spend most of their FLOPs in projections. This writes a folder with the packaged SmolLM2 tokenizer
 and a random-weight Llama/Qwen2 model of the named shape (optionally with fewer layers: per-layer work does
 not depend on depth) and an 8k window (so chunks and cache are the default model's 2048 tokens), loadable

@@ -108,7 +108,7 @@ def encode_progress(total: int, quiet: bool):
 ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local directory or .gguf file "
                         "(default: the packaged SmolLM2-135M-Instruct)")
 MethodOpt = typer.Option("reform", "--method", help="long-context method: reform, full, truncate, streaming, h2o, "
-                         "tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (see the README's Methods table)")
+                         "tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (docs/methods.md)")
 HeadsOpt = typer.Option(None, "--heads", help="embedding heads 'LAYER:KIND:HEAD,...' or a preset JSON "
                         "(default: the model's preset)")
 ChunkOpt = typer.Option(None, "--chunk-size", help="tokens per encoded chunk (default: window/4; reform and "
@@ -123,7 +123,7 @@ OptionOpt = typer.Option(None, "--option", help="KEY=VALUE: any other option of 
                          "config), e.g. ilre's dca=true; repeatable")
 ChatTemplateOpt = typer.Option(True, "--chat-template/--no-chat-template")
 ProfileOpt = typer.Option(None, "--profile", help="reform's encode profile: default, or fast (chunk and cache "
-                          "of window/8: a 1.3-1.4x faster encode, measured in the README); --chunk-size and "
+                          "of window/8: a 1.3-1.4x faster encode, measured in docs/benchmarks.md); --chunk-size and "
                           "--cache-budget still win")
 
 

@@ -2,8 +2,8 @@
 
 Neither function materialises a chunk x cache attention matrix. The chunk's own attention takes one of
 two CPU paths, chosen by dtype and CPU because their speeds differ by both (measured with
-``scripts/attention_kernel_throughput.py``; README "bf16 CPUs: attention built from matmuls" and "AMX: the
-flash kernel again"):
+``scripts/attention_kernel_throughput.py``; docs/benchmarks.md, "bf16 CPUs: attention built from matmuls"
+and "AMX: the flash kernel again"):
 
 - fp32: PyTorch's fused flash kernel (``scaled_dot_product_attention``), near the fp32 matmul rate.
 - bf16/fp16 on a CPU with AMX tiles: the flash kernel too. There it multiplies with AMX and exponentiates

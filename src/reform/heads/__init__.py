@@ -1,4 +1,5 @@
-"""Embedding-head presets: which (layer, q|k|v, head) states build REFORM's retrieval embeddings."""
+"""Embedding-head presets: which (layer, q|k|v, head) states build REFORM's retrieval embeddings. Layer 2 of docs/architecture.md
+(model knowledge): presets are found by model id; ``select`` computes new ones (paper §3.2, appendix C)."""
 
 from __future__ import annotations
 

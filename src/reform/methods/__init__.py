@@ -1,3 +1,7 @@
+"""One module per long-context method (layer 3 of docs/architecture.md, "Where a method's logic lives"):
+a class named after its paper with a ``Config`` dataclass of options, registered by name; the engine
+policies they build live in ``reform.engine.policies``."""
+
 from .base import REGISTRY, Answer, CachedMethod, Context, Method
 from .full import Full
 from .h2o import H2OConfig, H2O

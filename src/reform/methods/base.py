@@ -1,6 +1,6 @@
 """What every method shares: encode a context once, answer questions from it, report stats.
 
-A method decides three things (DESIGN.md): how the context is encoded (eviction policy + what is
+A method decides three things (docs/architecture.md, "Where a method's logic lives"): how the context is encoded (eviction policy + what is
 stored per token), which context tokens a question brings back, and how the answer is produced.
 ``Method.encode`` and ``Method.select`` are the plug-in points; recompute-then-generate lives here, and
 ``CachedMethod`` is the other answerer: generate straight from the compressed cache of all layers.

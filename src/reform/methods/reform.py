@@ -82,7 +82,7 @@ def segment_pieces(ids: torch.Tensor, segments: int, anchor: int) -> list[tuple[
 
 
 # Encode profiles: chunk = cache = window / divisor unless given. "fast" halves both, which more than halves
-# attention's FLOPs per token; measured on SmolLM2 (README "A cheaper encode, measured for accuracy"): 1.3-1.4x
+# attention's FLOPs per token; measured on SmolLM2 (docs/benchmarks.md, "A cheaper encode, measured for accuracy"): 1.3-1.4x
 # faster encode, the NIAH grid still 25/25, the RULER-style mean +4.4 points at 32k and -2.3 at 64k (noise).
 PROFILES: dict[str, int] = {"default": 4, "fast": 8}
 Profile = Literal[tuple(PROFILES)]      # the names, for the option check before a model loads

@@ -1,5 +1,6 @@
 """An OpenAI-compatible server over one ``Pipeline`` (``reform serve``): ``app`` holds the HTTP layer,
-``worker`` the single thread that owns the model, ``openai_schema`` the request format."""
+``worker`` the single thread that owns the model, ``openai_schema`` the request format. Layer 5 of
+docs/architecture.md (serving), below ``reform.cluster``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Saved contexts on disk (DESIGN.md, "Beyond one process"): ``format`` reads and writes one context file
+"""Saved contexts on disk (layer 1 of docs/architecture.md, "Beyond one process"): ``format`` reads and writes one context file
 (safetensors tensors + a JSON manifest, atomic, checksummed, no pickle); ``directory`` is a store of them
 keyed by content with a size budget, in a local folder or at any fsspec URL. Knows nothing of methods,
 HTTP or clusters."""
