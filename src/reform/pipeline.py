@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -45,7 +46,7 @@ def check_load(model=None, *, device=None, dtype=None, method: str = "reform", *
         raise TypeError(f"model must be a hub id, folder or .gguf path, got {model!r}")
     check_method_options(method, **options)
     pick_dtype(pick_device(device), dtype)
-    resolve(str(model) if model is not None else None)
+    resolve(str(model) if model is not None else None, assemble=False)
 
 
 def make_method(name: str, engine: Engine, model_name: str, **options) -> Method:
@@ -67,6 +68,10 @@ class Pipeline:
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or "model"
         self.source = source or self.model_name     # what ``Pipeline.load`` / ``--model`` was given
         self.templater = Templater(tokenizer, use_chat_template)
+        if use_chat_template and not self.templater.has_chat_template:
+            warnings.warn(f"{self.model_name} has no chat template (a base model): questions are asked as plain "
+                          "text ('<context>\\n\\nQuestion: ...\\nAnswer:') and each answer ends with its first line",
+                          stacklevel=2)
         self.eos_ids = self.templater.eos_ids(model)
         self.method = make_method(method, self.engine, self.model_name, **method_options)
         self._identity: dict | None = None

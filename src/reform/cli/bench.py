@@ -46,9 +46,9 @@ def table(result: dict) -> str:
 
 def gguf_file(model: str | None) -> Path | None:
     """The GGUF file a peer runtime can load for ``--model``, or None."""
-    from ..model import DEFAULT_MODEL, default_model_path
-    if not model or model == DEFAULT_MODEL:
-        return default_model_path()
+    from ..model import DEFAULT_MODEL, PACKAGED, packaged_path
+    if not model or model in PACKAGED:
+        return packaged_path(model or DEFAULT_MODEL)
     return Path(model).expanduser() if model.endswith(".gguf") else None
 
 

@@ -5,6 +5,11 @@ The chat template is rendered once around a placeholder and split, so the contex
 ``separator + question + suffix`` is the question part asked on top of it. REFORM's query is the
 ``question`` span alone (no special tokens, no answer prefix; paper appendix C.6).
 
+A model without a chat template (a base model, or ``use_chat_template=False``) gets the plain-text layout
+base models are evaluated with (as RULER does): the context, then ``Question: ...``, then ``Answer:`` and
+the answer prefix; its answers end at the end of their first line (``one_line_answers``), where a base
+model would go on with a new question of its own.
+
 User text (context, question, answer prefix) is always tokenised as text: a ``<|im_start|>`` inside a
 document becomes the characters it spells, never a control token, so a document cannot open a turn of
 its own. Only the template's own parts carry special tokens.
@@ -20,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 _PLACEHOLDER = "\u2063REFORM-CONTENT\u2063"
 SEPARATOR = "\n\n"
+PLAIN_QUESTION, PLAIN_ANSWER = "\n\nQuestion:", "\nAnswer:"     # the plain-text layout's labels
 
 
 @dataclass
@@ -39,18 +45,26 @@ class QuestionPart:
 
 
 class Templater:
-    """Splits the tokenizer's chat template (if any) into the text before and after the user message."""
+    """Splits the tokenizer's chat template (if any) into the text before and after the user message;
+    without one, lays the prompt out as plain text (``plain``)."""
 
     def __init__(self, tokenizer, use_chat_template: bool = True):
         self.tok = tokenizer
-        if use_chat_template and getattr(tokenizer, "chat_template", None):
+        self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self.plain = not (use_chat_template and self.has_chat_template)
+        if not self.plain:
             text = tokenizer.apply_chat_template([{"role": "user", "content": _PLACEHOLDER}],
                                                  tokenize=False, add_generation_prompt=True)
             self.head, self.tail = text.split(_PLACEHOLDER)
             self.prefix = self.template_ids(self.head)
         else:
-            self.head, self.tail = "", "\n"
+            self.head, self.tail = "", PLAIN_ANSWER
             self.prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS where the model uses one
+
+    @property
+    def one_line_answers(self) -> bool:
+        """Answers end at the end of their first line of text (the plain-text layout)."""
+        return self.plain
 
     def template_ids(self, text: str) -> list[int]:
         """The template's own text, special tokens included."""
@@ -83,6 +97,9 @@ class Templater:
             words = words.replace(special, "")
         if not words.strip():
             raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
+        if self.plain:      # "...context\n\nQuestion: QUESTION\nAnswer: PREFIX"
+            return QuestionPart(self.template_ids(PLAIN_QUESTION), self.encode(" " + question.strip()),
+                                self.template_ids(self.tail) + self.encode(" " + answer_prefix if answer_prefix else ""))
         return QuestionPart(self.template_ids(SEPARATOR), self.encode(question),
                             self.template_ids(self.tail) + self.encode(answer_prefix))
 

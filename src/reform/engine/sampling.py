@@ -83,17 +83,21 @@ class TokenChooser:
 class StopScanner:
     """Follows the decoded answer and says how much of it is final: text before the first stop string,
     holding back any tail that could still become the start of one (so streamed text never shows part
-    of a stop string)."""
+    of a stop string). ``one_line``: the answer also ends at the first line break after its first
+    visible character (a base model's answer line)."""
 
-    def __init__(self, stop: tuple[str, ...]):
-        self.stop = stop
+    def __init__(self, stop: tuple[str, ...], one_line: bool = False):
+        self.stop, self.one_line = stop, one_line
         self.stopped = False
 
     def final(self, text: str) -> str:
         """The part of ``text`` that can be shown; sets ``stopped`` once a stop string appeared."""
-        if not self.stop:
+        if not self.stop and not self.one_line:
             return text
         hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if self.one_line and text.strip():
+            if (end := text.find("\n", len(text) - len(text.lstrip()))) >= 0:
+                hits.append(end)
         if hits:
             self.stopped = True
             return text[:min(hits)]

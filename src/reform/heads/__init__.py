@@ -1,5 +1,7 @@
-"""Embedding-head presets: which (layer, q|k|v, head) states build REFORM's retrieval embeddings. Layer 2 of docs/architecture.md
-(model knowledge): presets are found by model id; ``select`` computes new ones (paper §3.2, appendix C)."""
+"""Embedding-head presets: which (layer, q|k|v, head) states build REFORM's retrieval embeddings.
+
+Layer 2 of docs/architecture.md (model knowledge): presets are found by model id; ``select`` computes
+new ones (paper §3.2, appendix C)."""
 
 from __future__ import annotations
 

@@ -11,19 +11,31 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple, Protocol
 
 import torch
 
 from ..engine.cache import KVCache
-from ..engine.core import EvictionPolicy, ModelShape
-from ..engine.layout import QuestionPart, as_tensor
+from ..engine.core import Engine, EvictionPolicy, ModelShape
+from ..engine.layout import QuestionPart, Templater, as_tensor
 from ..engine.sampling import Sampling, StopScanner
 from ..stats import Timer, peak_cuda_mb, peak_memory_mb
 from .options import build_config, typed_options
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
+
+
+class Runtime(Protocol):
+    """What a method uses of the pipeline that runs it (``reform.pipeline.Pipeline`` is one): the engine
+    driving the model, its tokenizer and prompt layout, and the model's identity. Methods sit below the
+    pipeline (docs/architecture.md, "Layers"), so they know it only by this interface."""
+
+    engine: Engine
+    tokenizer: Any
+    templater: Templater
+    eos_ids: list[int]
+    model_name: str
+    identity: dict
+    segment_runner: Callable[[list], list] | None
 
 
 @dataclass
@@ -51,7 +63,7 @@ class Context:
     cache of the encoder layers; ``state`` whatever the method stored per token (e.g. embeddings).
     """
 
-    pipeline: "Pipeline"
+    pipeline: Runtime
     method: "Method"
     ids: torch.Tensor
     cache: KVCache | None = None
@@ -139,7 +151,7 @@ class Method:
         config = build_config(cls.name, cls.Config, options, defaults)
         return cls(config.resolve(shape) if config is not None else None)
 
-    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         return Context(pipe, self, ids)
 
     # Saved contexts (reform.store): ids and cache are saved for every method; these two carry the rest.
@@ -186,7 +198,7 @@ class Method:
                                  f"({pipe.engine.max_positions}): no room is left for an answer")
             max_new_tokens = min(max_new_tokens, room)
         tokens: list[int] = []
-        stop, shown, finish = StopScanner(sampling.stop), "", "stop"
+        stop, shown, finish = StopScanner(sampling.stop, ctx.pipeline.templater.one_line_answers), "", "stop"
         t0 = time.perf_counter()
         steps = pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids, cache=cache,
                                      policy=self.generation_policy(ctx), choose=sampling.chooser(prompt.device))
@@ -225,7 +237,7 @@ class CachedMethod(Method):
     through ALL layers with ``policy()`` evicting after every chunk (``Engine.prefill``); the question is
     then prefilled on a copy of the final cache and the answer generated from it."""
 
-    def policy(self, pipe: "Pipeline") -> EvictionPolicy:
+    def policy(self, pipe: Runtime) -> EvictionPolicy:
         """A fresh eviction policy for one encode (by default the config builds it)."""
         return self.config.policy()
 
@@ -233,7 +245,7 @@ class CachedMethod(Method):
         """What the context keeps of the policy besides the cache (InfLLM: its block memory)."""
         return None
 
-    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         cache, policy = KVCache.empty(pipe.engine.shape.n_layers), self.policy(pipe)
         pipe.engine.prefill(ids, cache, chunk_size=self.config.chunk_size, policy=policy, progress=progress)
         for lc in cache.layers:

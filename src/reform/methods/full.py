@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from ..engine.core import Engine
 from ..engine.layout import QuestionPart
-from .base import Answer, Context, Method, register
+from .base import Answer, Context, Method, Runtime, register
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -53,7 +51,7 @@ class Full(Method):
 
     name = "full"
 
-    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         engine, n = pipe.engine, ids.shape[0]
         need, free = full_attention_bytes(engine, n), available_memory(engine.device)
         if free is not None and need > free:

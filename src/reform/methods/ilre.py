@@ -45,7 +45,7 @@ Choices where the paper is open (notes/ilre.md §6.3), by item:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -55,11 +55,9 @@ from ..engine.core import Engine, ModelShape
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import StreamingLLMPolicy
 from ..stats import Timer
-from .base import Context, Method, register
+from .base import Context, Method, Runtime, register
 from .options import pick, require_chunk_size, require_positive, require_room
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
 
 MAX_KERNELS = (2, 4, 8)
 AVG_KERNELS = tuple(range(1, 17))
@@ -240,7 +238,7 @@ class ILRe(Method):
     name = "ilre"
     Config = ILReConfig
 
-    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         c, engine, n = self.config, pipe.engine, ids.shape[0]
         if n <= c.recompute_budget:            # everything will be recomputed: nothing to retrieve from
             return Context(pipe, self, ids)

@@ -6,15 +6,12 @@ listed on ``reform.engine.policies.InfiniPot``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..engine.layout import as_tensor
 from ..engine.policies import InfiniPotPolicy
-from .base import CachedMethod, register
+from .base import CachedMethod, Runtime, register
 from .options import EvictionConfig
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
 
 CATALYST = ("\n\nRemember the text above: summarize it, keeping every name, number, date and fact that a "
             "question could ask about.")
@@ -41,7 +38,7 @@ class InfiniPot(CachedMethod):
     name = "infinipot"
     Config = InfiniPotConfig
 
-    def policy(self, pipe: "Pipeline") -> InfiniPot:
+    def policy(self, pipe: Runtime) -> InfiniPot:
         c, engine = self.config, pipe.engine
         catalyst = as_tensor(pipe.templater.encode(c.catalyst), engine.device)
         if catalyst.shape[0] == 0:

@@ -6,19 +6,15 @@ chunk, and then the question, retrieves the most relevant blocks per layer into 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..engine.cache import KVCache
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import InfLLMPolicy
 from ..stats import Timer
 from .base import CachedMethod, Context, Prompt, register
 from .options import CacheConfig, keep_default, pick, require_positive
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
 
 
 @dataclass

@@ -9,19 +9,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from ..engine.core import ModelShape
 from ..engine.layout import QuestionPart
 from ..stats import Timer
-from .base import Context, Method, register
+from .base import Context, Method, Runtime, register
 from .options import pick, require_positive, require_room
 from .retrievers import BM25, Dense, Retriever
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
 
 
 @dataclass
@@ -35,7 +33,7 @@ class PassageIndex:
     index: object
 
     @classmethod
-    def build(cls, pipe: "Pipeline", ids: torch.Tensor, size: int, retriever: Retriever,
+    def build(cls, pipe: Runtime, ids: torch.Tensor, size: int, retriever: Retriever,
               index: object = None) -> "PassageIndex":
         """Split ``ids`` into passages and index them (or take the ``index`` a saved context kept)."""
         prefix = min(len(pipe.templater.prefix), ids.shape[0])
@@ -91,10 +89,10 @@ class Rag(Method, ABC):
     Config = RagConfig
 
     @abstractmethod
-    def retriever(self, pipe: "Pipeline") -> Retriever:
+    def retriever(self, pipe: Runtime) -> Retriever:
         """The passage scorer (BM25 or dense); each concrete RAG method defines it."""
 
-    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         if ids.shape[0] <= self.config.recompute_budget:     # everything will be recomputed: no retrieval
             return Context(pipe, self, ids)
         index = PassageIndex.build(pipe, ids, self.config.passage_tokens, self.retriever(pipe))
@@ -131,7 +129,7 @@ class Rag(Method, ABC):
 class RagBM25(Rag):
     name = "rag-bm25"
 
-    def retriever(self, pipe: "Pipeline") -> Retriever:
+    def retriever(self, pipe: Runtime) -> Retriever:
         return BM25()
 
 
@@ -139,5 +137,5 @@ class RagBM25(Rag):
 class RagDense(Rag):
     name = "rag-dense"
 
-    def retriever(self, pipe: "Pipeline") -> Retriever:
+    def retriever(self, pipe: Runtime) -> Retriever:
         return Dense(pipe.engine.device)

@@ -22,7 +22,7 @@ sequential encode above.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +34,9 @@ from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import H2OPolicy, forced_mask, top_budget
 from ..heads import load_preset, resolve_heads
 from ..stats import Timer
-from .base import Context, Method, register
+from .base import Context, Method, Runtime, register
 from .options import INPUT_ONLY, keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
 
 
 def token_scores(context: torch.Tensor, query: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
@@ -159,7 +157,7 @@ class Reform(Method):
         heads = tuple(resolve_heads(heads, model_name, shape))
         return super().create(shape, model_name, defaults, heads=heads, **options)
 
-    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         c = self.config
         if ids.shape[0] <= c.recompute_budget:   # everything will be recomputed: nothing to compress
             return Context(pipe, self, ids)
@@ -174,7 +172,7 @@ class Reform(Method):
         emb = HeadEmbeddings.from_data(list(c.heads), pipe.engine.shape, data)
         return Context(pipe, self, ids, cache=cache, state=emb)
 
-    def encode_segment(self, pipe: "Pipeline", ids: torch.Tensor, skip: int,
+    def encode_segment(self, pipe: Runtime, ids: torch.Tensor, skip: int,
                        progress: Callable[[int], None] | None = None, keep_cache: bool = True):
         """Compress ``ids`` chunk by chunk (§3.1) and return the retrieval embeddings of ``ids[skip:]``
         (``skip``: the anchor's tokens) and the final compressed cache (None unless ``keep_cache``)."""

@@ -4,19 +4,17 @@ dense retriever's passage scores by a weighted sum; gather and recompute as REFO
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from ..engine.layout import QuestionPart
-from .base import Context, register
+from .base import Context, Runtime, register
 from .options import require_positive
 from .rag import PassageIndex
 from .reform import Reform, ReformConfig
 from .retrievers import Dense
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
 
 
 def standardize(x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +43,7 @@ class ReformRag(Reform):
     name = "reform+rag"
     Config = ReformRagConfig
 
-    def encode(self, pipe: "Pipeline", ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
         ctx = super().encode(pipe, ids, progress)
         if ctx.state is not None:
             ctx.extra["passages"] = PassageIndex.build(pipe, ids, self.config.passage_tokens, Dense(pipe.engine.device))
