@@ -183,3 +183,23 @@ def test_early_exit_runs_only_the_projections_of_the_deepest_head_layer(tiny_mod
     pipe.engine.prefill(ctx.ids, KVCache.empty(emb.exit_layer + 1), chunk_size=c.chunk_size, hook=emb,
                         policy=H2OPolicy(c.cache_budget, c.keep_first, c.keep_last, c.score_window))
     torch.testing.assert_close(emb.data, ctx.state.data)
+
+
+def test_a_model_without_chat_template_is_asked_in_plain_text_and_answers_one_line(tiny_model, tokenizer):
+    """A base model gets "context / Question: ... / Answer: PREFIX", says so once, and its answer ends
+    at the end of its first line (a base model would go on with a question of its own)."""
+    import warnings
+
+    from reform.engine.sampling import StopScanner
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipe = make(tiny_model, tokenizer)
+    assert [str(w.message) for w in caught if "no chat template" in str(w.message)] != []
+    part = pipe.templater.question("Who is lazy?", "It is")
+    assert tokenizer.decode(part.ids) == "\n\nQuestion: Who is lazy?\nAnswer: It is"
+    assert tokenizer.decode(part.ids[part.query_span]) == " Who is lazy?"
+    scanner = StopScanner((), one_line=True)
+    assert scanner.final("\n 42") == "\n 42" and not scanner.stopped       # a leading break is no end
+    assert scanner.final("\n 42.\nQuestion: next") == "\n 42." and scanner.stopped
+    ans = pipe.encode(CONTEXT).ask(QUESTION, max_new_tokens=12)
+    assert "\n" not in ans.text

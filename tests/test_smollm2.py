@@ -75,3 +75,21 @@ def test_cli_encode_then_ask_context_equals_ask_file(tmp_path):
     a, b = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (direct, from_file))
     assert a["answer"] == b["answer"] and needle.answer in b["answer"]
     assert b["stats"]["encode"] == 0.0 and b["stats"]["load"] < 5
+
+
+def test_bf16_is_judged_against_fp32_and_a_broken_layer_is_refused(monkeypatch):
+    """The load check in bf16 compares both the engine and transformers' own bf16 forward with the fp32
+    forward of the same weights: the engine is accepted (measured 0.022 against transformers' 0.019,
+    relative RMS), one layer's attention logits scaled by 2 are not (0.040)."""
+    from reform.engine import core
+    pipe16 = Pipeline.load(dtype="bf16")
+    assert {p.dtype for p in pipe16.engine.model.parameters()} == {torch.bfloat16}
+    assert pipe16.engine.check_distance < 1.5 * 0.019 + 2e-3
+    attend = core.Engine._attend
+
+    def broken(self, i, q, k, v, scaling, *rest):
+        return attend(self, i, q, k, v, (scaling or self.scaling) * (2.0 if i == 5 else 1.0), *rest)
+
+    monkeypatch.setattr(core.Engine, "_attend", broken)
+    with pytest.raises(core.UnsupportedModelError, match="from the fp32 forward"):
+        core.Engine(pipe16.engine.model)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .common import CliError, checked_output, say
+from .common import CliError, checked_output, notes_as_lines, say
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Find and inspect REFORM's embedding heads.")
 console = Console(stderr=True, soft_wrap=True, emoji=False)
@@ -28,7 +28,8 @@ def _load(model, device, dtype):
     from ..model import ModelLoadError
     from ..pipeline import Pipeline
     try:  # the method's own heads are irrelevant here; any valid head list will do
-        return Pipeline.load(model, device=device, dtype=dtype, heads="0:v:0")
+        with notes_as_lines():
+            return Pipeline.load(model, device=device, dtype=dtype, heads="0:v:0")
     except (ModelLoadError, UnsupportedModelError, ValueError) as e:
         _fail(str(e))
 
