@@ -45,9 +45,10 @@ def timed(owner, name: str, part: str) -> None:
 
 def instrument(pipe: Pipeline) -> None:
     engine = pipe.engine
-    for layer, attn in zip(engine.layers, engine.attention):
-        timed(layer, "forward", "decoder layer")
-        timed(attn, "forward", "attention module")
+    for i, (layer, attn) in enumerate(zip(engine.layers, engine.attention)):
+        kind = " (sliding window)" if engine._windows[i] is not None else ""     # Gemma 3's local layers
+        timed(layer, "forward", "decoder layer" + kind)
+        timed(attn, "forward", "attention module" + kind)
         mlp = getattr(layer, "mlp", None)
         if mlp is not None:
             timed(mlp, "forward", "MLP")
@@ -64,6 +65,7 @@ def instrument(pipe: Pipeline) -> None:
     if hasattr(model_module, "apply_rotary_pos_emb"):
         timed(model_module, "apply_rotary_pos_emb", "RoPE (the model's)")
     timed(core, "attention_and_received", "attention kernel + eviction scores")
+    timed(core, "causal_attention", "attention kernel, no eviction scores (sliding-window layers)")
     timed(engine.rotary, "unrotate", "engine: un-rotating keys and taps")
     timed(cache_module.LayerCache, "keep", "engine: eviction (gather + re-rotate kept keys)")
 
@@ -81,12 +83,13 @@ def main() -> None:
     t0 = time.perf_counter()
     ctx = pipe.encode(inp.text)
     total = time.perf_counter() - t0
-    chunks = CALLS["decoder layer"]
+    chunks = CALLS["decoder layer"] + CALLS["decoder layer (sliding window)"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {pipe.engine.dtype}, "
           f"{int(ctx.ids.shape[0])} tokens, encode {total:.2f} s, "
           f"{chunks} layer-chunks ({total / max(chunks, 1) * 1e3:.1f} ms each)")
     for part, seconds in sorted(TOTALS.items(), key=lambda kv: -kv[1]):
-        print(f"{part:50s} {seconds:7.2f} s {seconds / total:6.1%}  {seconds / max(chunks, 1) * 1e3:7.2f} ms per layer-chunk")
+        print(f"{part:62s} {seconds:7.2f} s {seconds / total:6.1%}  {seconds / max(chunks, 1) * 1e3:7.2f} ms per "
+              f"layer-chunk  ({CALLS[part]} calls, {seconds / max(CALLS[part], 1) * 1e3:.2f} ms each)")
 
 
 if __name__ == "__main__":

@@ -72,10 +72,12 @@ def resolve_heads(spec: str | list | None, model_name: str, shape: ModelShape) -
     if spec is None or spec == "":
         preset = find_preset(model_name)
         if preset is None:
+            from ..model import PACKAGED
             heads = fallback_heads(shape)
+            name = next((m.name for m in PACKAGED.values() if m.hub_id == model_name), model_name)
             warnings.warn(f"no embedding-head preset for '{model_name}': guessing heads {','.join(map(str, heads))} "
                           "(value heads at 40 % depth); compute real ones with `reform heads select --model "
-                          f"{model_name} --out heads.json` and pass `--heads heads.json`", stacklevel=2)
+                          f"{name} --out heads.json` and pass `--heads heads.json`", stacklevel=2)
         else:
             heads = preset["heads"]
     elif isinstance(spec, (list, tuple)):

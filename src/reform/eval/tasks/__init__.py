@@ -1,4 +1,5 @@
-"""Seeded, offline task generators in the model's own tokens, for any length (1M tokens and beyond).
+"""Seeded, offline task generators in the model's own tokens, for any length (1M tokens and beyond); part
+of ``reform.eval``, layer 6 of docs/architecture.md.
 
 ``make_rows(suite, tokenizer, lengths, samples)`` writes :class:`~reform.eval.rows.Row` s for
 

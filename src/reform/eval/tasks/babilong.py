@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..rows import Row
-from .common import sample_rng
+from .seeding import sample_rng
 from .haystack import build, sentence_pool
 
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")

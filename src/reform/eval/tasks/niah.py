@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ...data.haystack import magic_number_needle
 from ..rows import Row
-from .common import sample_rng
+from .seeding import sample_rng
 from .haystack import build, sentence_pool
 
 TASKS = ("niah",)

@@ -52,7 +52,7 @@ import numpy as np
 
 from ...data.haystack import builtin_paragraphs
 from ..rows import Row
-from .common import DEPTHS_40, random_key, random_number, random_uuid, sample_rng
+from .seeding import DEPTHS_40, random_key, random_number, random_uuid, sample_rng
 from .haystack import build, count_tokens, custom_pool, join_correction, sentence_pool, tokenizer_cache
 
 NIAH_HEAD = ("Some special magic {v} are hidden within the following text. Make sure to memorize it. "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..rows import Row
-from .common import DEPTHS_40, random_key, random_number, random_uuid, sample_rng
+from .seeding import DEPTHS_40, random_key, random_number, random_uuid, sample_rng
 from .haystack import build, sentence_pool
 
 TASKS = ("kv20",)

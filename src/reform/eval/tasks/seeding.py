@@ -1,4 +1,4 @@
-"""Shared pieces of the task generators: per-row seeding and the random values needles carry."""
+"""Seeding and the random values needles carry, for every suite's generator (niah, ruler, babilong, shared)."""
 
 from __future__ import annotations
 
