@@ -36,6 +36,15 @@ def test_flop_counter_matches_a_hand_count():
     assert engine.flops.total == 3 * 2 * 64 * 128             # LM head: 3 rows x hidden x vocab
 
 
+def test_sliding_window_attention_counts_only_the_keys_in_the_window():
+    """A sliding-window layer's query reads at most ``window`` keys: counted so, by brute force."""
+    from reform.engine.flops import causal_attention_flops
+    for start, t, window in [(0, 10, 4), (3, 5, 100), (511, 8192, 512), (2, 9, 6), (0, 1, 1)]:
+        keys = sum(min(start + i + 1, window) for i in range(t))
+        assert causal_attention_flops(2, 8, start, t, window) == 4 * 2 * 8 * keys
+        assert causal_attention_flops(2, 8, start, t) == 4 * 2 * 8 * sum(start + i + 1 for i in range(t))
+
+
 def test_flop_counter_agrees_with_torch_on_a_decode_step():
     """torch's own counter sees the same projection + MLP work (it has no formula for the CPU attention
     kernel, whose count the hand-count test checks)."""

@@ -410,7 +410,7 @@ class Engine:
                 self.flops.add("eviction_scores", 2 * s.n_heads * s.head_dim * min(policy.score_window, t) * lc.length)
         else:
             out = causal_attention(q, k, v, start, scaling, window=window, softcap=softcap, sinks=sinks)
-        self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, t))
+        self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, t, window))
         return out.transpose(0, 1)[None], None
 
     def _arrange(self, arrange, i: int, q: torch.Tensor, lc: LayerCache, start: int):

@@ -25,10 +25,17 @@ def qkv_flops_per_token(attn: torch.nn.Module) -> int:
     return linear_flops_per_token(attn) - 2 * skip
 
 
-def causal_attention_flops(n_heads: int, head_dim: int, start: int, t: int) -> int:
+def causal_attention_flops(n_heads: int, head_dim: int, start: int, t: int, window: int | None = None) -> int:
     """QK^T and PV for ``t`` queries at positions start..start+t-1, each attending to the keys up to
-    itself: sum_i (start + i + 1) keys, 2 matmuls of 2 FLOPs per multiply-add."""
-    keys = t * start + t * (t + 1) // 2
+    itself (``window``: only the last ``window`` of them, a sliding-window layer): sum_i min(start + i + 1,
+    window) keys, 2 matmuls of 2 FLOPs per multiply-add."""
+    first, last = start + 1, start + t               # keys the first and the last query read, unwindowed
+    if window is None or last <= window:
+        keys = (first + last) * t // 2
+    elif first > window:
+        keys = window * t
+    else:
+        keys = (first + window) * (window - first + 1) // 2 + window * (last - window)
     return 4 * n_heads * head_dim * keys
 
 
