@@ -165,3 +165,22 @@ def test_reform_models_prints_the_table(monkeypatch, tmp_path):
     (tmp_path / "blocker").write_text("a file, not a folder")
     r = CliRunner().invoke(app, ["models", "-o", str(tmp_path / "blocker" / "models.md")])
     assert r.exit_code == 2 and "cannot write --out" in r.output
+
+
+def test_half_precision_is_judged_against_fp32_and_the_weights_come_back_untouched():
+    """In bf16 the load check runs the model's own forward in fp32 (one layer at a time) as the truth;
+    afterwards every weight is the very same bf16 tensor, tied ones still tied."""
+    from reform.engine import Engine
+    from reform.engine.core import float32_weights
+    model = build("llama").to(torch.bfloat16)
+    model.lm_head.weight = model.model.embed_tokens.weight                 # tied, as in SmolLM2 and Gemma
+    before = {n: (p.data_ptr(), p.dtype) for n, p in model.named_parameters()}     # the very same storage
+    engine = Engine(model)
+    assert engine.check_distance is not None and engine.check_distance < 0.05
+    assert all((p.data_ptr(), p.dtype) == before[n] for n, p in model.named_parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    with pytest.raises(RuntimeError):
+        with float32_weights([model.model.layers[0]]):
+            assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
+            raise RuntimeError("a forward that fails")
+    assert all((p.data_ptr(), p.dtype) == before[n] for n, p in model.named_parameters())
