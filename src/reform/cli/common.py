@@ -105,8 +105,8 @@ def encode_progress(total: int, quiet: bool):
 
 
 # Shared options --------------------------------------------------------------------------------
-ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local directory or .gguf file "
-                        "(default: the packaged SmolLM2-135M-Instruct)")
+ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local directory, .gguf file or a packaged "
+                        "model: smollm2 (the default, SmolLM2-135M-Instruct) or gemma-3-270m")
 MethodOpt = typer.Option("reform", "--method", help="long-context method: reform, full, truncate, streaming, h2o, "
                          "tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (docs/methods.md)")
 HeadsOpt = typer.Option(None, "--heads", help="embedding heads 'LAYER:KIND:HEAD,...' or a preset JSON "
@@ -121,7 +121,8 @@ DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default:
 DtypeOpt = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 where the hardware has it)")
 OptionOpt = typer.Option(None, "--option", help="KEY=VALUE: any other option of the method (a field of its "
                          "config), e.g. ilre's dca=true; repeatable")
-ChatTemplateOpt = typer.Option(True, "--chat-template/--no-chat-template")
+ChatTemplateOpt = typer.Option(True, "--chat-template/--no-chat-template", help="--no-chat-template: ask in plain "
+                               "text (Question: ... Answer:), as a model without a chat template is asked")
 ProfileOpt = typer.Option(None, "--profile", help="reform's encode profile: default, or fast (chunk and cache "
                           "of window/8: a 1.3-1.4x faster encode, measured in docs/benchmarks.md); --chunk-size and "
                           "--cache-budget still win")
