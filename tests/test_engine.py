@@ -192,6 +192,17 @@ def test_gqa_head_mapping_in_attention():
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_attention_without_the_cpu_flash_kernel_masks_bottom_right(monkeypatch):
+    """The GPU's path (a bottom-right causal bias instead of a [t, n] mask), taken here by hiding the CPU
+    kernel: a chunk at positions start.. over the cache and itself, GQA heads, equal to the split path."""
+    from reform.engine import attention
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, 6, 8), torch.randn(2, 10, 8), torch.randn(2, 10, 8)
+    split = attention.causal_attention(q, k, v, 4, 0.3)
+    monkeypatch.setattr(attention, "_CPU_FLASH", None)
+    torch.testing.assert_close(attention.causal_attention(q, k, v, 4, 0.3), split, atol=1e-5, rtol=1e-5)
+
+
 def test_rotate_matches_hf_rotary(tiny_model):
     rot = Rotary(tiny_model.model.rotary_emb, [l.self_attn for l in tiny_model.model.layers], tiny_model.config)
     x = torch.randn(2, 7, 16)

@@ -188,6 +188,14 @@ def check(name: str, model_type: str, overrides: dict | None = None, device: str
                   d1, d2, ours == hf_tokens)
 
 
+def summary(results: list[Result], device: str) -> str:
+    """The first line of ``reform models``: counts per outcome, with the transformers version and device."""
+    import transformers
+    count = {s: sum(r.status == s for r in results) for s in ("equal", "refused", "not built", "different")}
+    return (f"transformers {transformers.__version__} on {device}; {count['equal']} equal, {count['refused']} refused, "
+            f"{count['not built']} not built offline, {count['different']} different")
+
+
 def table(results: list[Result]) -> str:
     """Markdown table: model type / variant -> supported or refused, and why."""
     rows = ["| model type / variant | result | max logit diff (one-shot / chunked) | why |", "|---|---|---|---|"]

@@ -17,9 +17,7 @@ def models(all_types: bool = typer.Option(False, "--all", help="also every other
            device: str = typer.Option("cpu", help="where both run: cpu, cuda, cuda:1 ... (fp32, TF32 off)")):
     """Check every model type / variant against transformers (tiny random weights, offline): one-shot and
     chunked prefill logits and greedy tokens, or the engine's refusal. Prints a markdown table."""
-    import transformers
-
-    from ..conformance import VARIANTS, all_variants, check, table
+    from ..conformance import VARIANTS, all_variants, check, summary, table
     from ..model import ModelLoadError, pick_device
     from ..outputs import write_atomic
 
@@ -38,10 +36,7 @@ def models(all_types: bool = typer.Option(False, "--all", help="also every other
         for name, (model_type, overrides) in variants.items():
             status.update(f"checking {name} ({len(results) + 1}/{len(variants)})")
             results.append(check(name, model_type, overrides, device=device))
-    text = (f"transformers {transformers.__version__} on {device}; {sum(r.status == 'equal' for r in results)} equal, "
-            f"{sum(r.status == 'refused' for r in results)} refused, "
-            f"{sum(r.status == 'not built' for r in results)} not built offline, "
-            f"{sum(r.status == 'different' for r in results)} different\n\n" + table(results))
+    text = summary(results, device) + "\n\n" + table(results)
     out.print(text, markup=False)
     if out_file is not None:
         write_atomic(out_file, text + "\n")

