@@ -357,3 +357,75 @@ def test_two_servers_on_one_store_see_each_others_encodes(store):
         (store / f"{other}.status.json").write_text(json.dumps({"status": "encoding", "tokens": 5,
                                                                  "updated": time.time()}))
         assert http_b.get(f"/v1/contexts/{other}").json()["status"] == "encoding"
+
+
+def chunked_post(port: int, path: str, content_type: str, total: int, head: bytes = b"", piece: bytes = b"x" * 65536):
+    """POST ``total`` bytes with ``Transfer-Encoding: chunked`` (no Content-Length) over a raw socket,
+    reading the answer as soon as the server sends one; returns (status, bytes sent)."""
+    import select
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n".encode())
+    sent, reply = 0, b""
+    try:
+        if head:
+            sock.sendall(b"%x\r\n%s\r\n" % (len(head), head))
+        while sent < total and not select.select([sock], [], [], 0)[0]:
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            sent += len(piece)
+        if sent >= total:
+            sock.sendall(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    sock.settimeout(30)
+    try:
+        reply = sock.recv(65536)
+    finally:
+        sock.close()
+    return int(reply.split(b" ", 2)[1]), sent
+
+
+MULTIPART_HEAD = (b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n'
+                  b"Content-Type: text/plain\r\n\r\n")
+
+
+@pytest.mark.parametrize("content_type,head", [("text/plain", b""), ("multipart/form-data; boundary=XyZ", MULTIPART_HEAD),
+                                               ("application/json", b'{"text": "')])
+def test_a_chunked_body_past_the_limit_is_refused_while_it_streams(store, content_type, head):
+    """Finding: only Content-Length was checked, so a chunked multipart upload of 80 MB was read whole.
+    Now the body is counted as it arrives, whatever its framing."""
+    with LiveServer(make_pipe(), store, settings=Settings(max_body_bytes=200_000)) as server:
+        status, sent = chunked_post(server.port, "/v1/contexts", content_type, total=20_000_000, head=head)
+        assert status == 413 and sent < 5_000_000
+        assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_a_huge_text_is_refused_by_its_token_count_without_tokenising_it_whole(store):
+    """Finding: a 50 MB upload was tokenised whole (61 s, +7 GB) before its 413. Now tokens are counted a
+    piece at a time and counting stops at the limit."""
+    from reform.server.app import Keys
+    pipe = make_pipe()
+    keys, text = Keys(pipe), DOC * 2000                  # ~1.2M characters, ~1.2M tokens of CharTokenizer
+    counted = []
+    encode = keys.templater.encode
+    keys.templater.encode = lambda t: counted.append(len(t)) or encode(t)
+    key, n = keys.of(text, limit=1000)
+    assert key is None and n > 1000 and sum(counted) <= 2 * Keys.PIECE_CHARS
+    assert keys.of(DOC, limit=1000)[0] == pipe.context_key(pipe.tokenize_context(DOC))
+
+
+@pytest.mark.parametrize("raw,words", [
+    (b'{"text": "hello \\ud800"}', "lone surrogate"),
+    (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+])
+def test_upload_json_that_python_cannot_take_is_a_400(live, raw, words):
+    r = httpx.post(f"{live.url}/v1/contexts", content=raw, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_a_nested_or_surrogate_chat_body_is_a_400(live):
+    for raw in (b"[" * 100_000 + b"]" * 100_000,
+                b'{"model": "reform", "messages": [{"role": "user", "content": "hello \\ud800"}]}'):
+        r = httpx.post(f"{live.url}/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"},
+                       timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("invalid request"), r.text

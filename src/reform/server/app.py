@@ -55,28 +55,54 @@ class Settings:
 
 
 class Keys:
-    """Content keys of context texts, computed off the model thread with the server's own copy of the
-    tokenizer (a tokenizer object is not safe to share between threads) and remembered by text digest."""
+    """Content keys of context texts, computed off the model thread and remembered by text digest. Each
+    thread tokenises with its own copy of the tokenizer (one object is not safe to share between threads),
+    so two uploads are tokenised at once rather than one behind the other."""
+
+    PIECE_CHARS = 1 << 18          # tokens are counted this many characters at a time, to stop early
 
     def __init__(self, pipe):
         self.pipe = pipe
-        self.templater = copy.copy(pipe.templater)
-        self.templater.tok = copy.deepcopy(pipe.tokenizer)
-        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.lock = threading.Lock()              # guards ``memo`` only
         self.memo: dict[str, tuple[str, int]] = {}
 
-    def of(self, text: str) -> tuple[str, int]:
-        """``(key, tokens)`` of the context ``text`` would encode to."""
-        digest = hashlib.sha256(text.encode()).hexdigest()
+    @property
+    def templater(self):
+        if not hasattr(self.local, "templater"):
+            templater = copy.copy(self.pipe.templater)
+            templater.tok = copy.deepcopy(self.pipe.tokenizer)
+            self.local.templater = templater
+        return self.local.templater
+
+    def of(self, text: str, limit: int | None = None) -> tuple[str, int]:
+        """``(key, tokens)`` of the context ``text`` would encode to; past ``limit`` tokens, ``(None, n)``
+        with n > limit as soon as the count passes it (a 50 MB text is not tokenised whole to refuse it)."""
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
         with self.lock:
-            if digest not in self.memo:
-                ids = self.templater.context(text)
-                self.memo[digest] = (self.pipe.context_key(as_tensor(ids, "cpu")), len(ids))
-            return self.memo[digest]
+            if digest in self.memo:
+                return self.memo[digest]
+        if limit is not None and (n := self.count_up_to(text, limit)) > limit:
+            return None, n
+        ids = self.templater.context(text)
+        found = (self.pipe.context_key(as_tensor(ids, "cpu")), len(ids))
+        with self.lock:
+            self.memo[digest] = found
+        return found
+
+    def count_up_to(self, text: str, limit: int) -> int:
+        """Tokens of ``text``, counted piece by piece (cut at whitespace), stopping once past ``limit``."""
+        n, start = 0, 0
+        while start < len(text) and n <= limit:
+            end = min(len(text), start + self.PIECE_CHARS)
+            if end < len(text):
+                end = max(text.rfind(" ", start, end), text.rfind("\n", start, end)) + 1 or end
+            n += len(self.templater.encode(text[start:end]))
+            start = end
+        return n
 
     def tokens(self, text: str) -> int:
-        with self.lock:
-            return len(self.templater.encode(text))
+        return len(self.templater.encode(text))
 
 
 class Service:
@@ -100,10 +126,10 @@ class Service:
 
     async def key_of(self, text: str) -> tuple[str, int]:
         """``(content key, tokens)`` of a context text; 413 past the token limit."""
-        key, n = await run_in_threadpool(self.keys.of, text)
-        if n > self.settings.max_context_tokens:
-            raise ApiError(413, f"the context has {n} tokens, over this server's limit of "
-                                f"{self.settings.max_context_tokens}", code="context_too_large")
+        key, n = await run_in_threadpool(self.keys.of, text, self.settings.max_context_tokens)
+        if key is None or n > self.settings.max_context_tokens:
+            raise ApiError(413, f"the context has {'at least ' if key is None else ''}{n} tokens, over this "
+                                f"server's limit of {self.settings.max_context_tokens}", code="context_too_large")
         return key, n
 
     def encoding_elsewhere(self, key: str) -> bool:
@@ -234,12 +260,17 @@ class Waiting:
 # ---------------------------------------------------------------------- request bodies
 async def body_bytes(request: Request, limit: int) -> bytes:
     """The whole body, refused with 413 as soon as it passes ``limit`` bytes."""
-    data = b""
+    pieces, size = [], 0
     async for piece in request.stream():
-        data += piece
-        if len(data) > limit:
-            raise ApiError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
-    return data
+        pieces.append(piece)
+        size += len(piece)
+        if size > limit:
+            raise too_large(limit)
+    return b"".join(pieces)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
 
 
 async def upload_text(request: Request, limit: int) -> str:
@@ -260,13 +291,17 @@ async def upload_text(request: Request, limit: int) -> str:
         if kind.startswith("application/json"):
             try:
                 payload = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):        # RecursionError: nested past Python's limit
                 raise ApiError(400, "the body is not valid JSON") from None
             if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
                 raise ApiError(400, "send {\"text\": \"...\"} (or a multipart 'file')", param="text")
             if unknown := sorted(set(payload) - {"text"}):       # as the chat endpoint: nothing ignored
                 raise ApiError(400, f"unknown field {unknown[0]!r}: send {{\"text\": \"...\"}}", param=unknown[0])
-            data = payload["text"].encode()
+            try:
+                data = payload["text"].encode()
+            except UnicodeEncodeError as e:              # JSON may escape a lone surrogate (\ud800)
+                raise ApiError(400, f"the text is not valid Unicode (a lone surrogate at character {e.start})",
+                               param="text") from None
         else:
             data = raw        # text/plain or anything else: the body is the text
     if b"\x00" in data[:1 << 20]:
@@ -454,6 +489,53 @@ async def routing_error(request: Request, e: StarletteHTTPException):
     return JSONResponse(error.body(), status_code=e.status_code, headers=getattr(e, "headers", None))
 
 
+async def internal_error(request: Request, e: Exception):
+    """Whatever escaped every handler: a 500 in the same JSON shape, never a plain-text traceback."""
+    error = ApiError(500, f"internal error: {type(e).__name__}", type="server_error")
+    return JSONResponse(error.body(), status_code=500)
+
+
+class BodyLimit:
+    """ASGI middleware: counts a request's body as it arrives, whatever its framing (``Content-Length`` or
+    chunked, JSON, text or multipart), and answers 413 once it passes the limit, so no body larger than
+    the limit is ever held. (The read fails inside the handler; the 413 is sent from here, because an
+    error raised while reading can surface wrapped by the middleware between.)"""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        seen, exceeded, started = 0, False, False
+
+        async def counted():
+            nonlocal seen, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    exceeded = True
+                    raise too_large(self.limit)
+            return message
+
+        async def sending(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                if exceeded:         # a handler's own answer to the failed read (the same 413)
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except BaseException:
+            if not exceeded or started:
+                raise
+            error = too_large(self.limit)
+            await JSONResponse(error.body(), status_code=413, headers={"Connection": "close"})(scope, receive, send)
+
+
 async def guard(request: Request, call_next):
     """The API key, the body-size limit by ``Content-Length``, and which process answered."""
     service = service_of(request)
@@ -481,6 +563,8 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     app.state.worker, app.state.settings = worker, app.state.service.settings
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, routing_error)
+    app.add_exception_handler(Exception, internal_error)
     app.middleware("http")(guard)
+    app.add_middleware(BodyLimit, limit=app.state.settings.max_body_bytes)
     app.include_router(router)
     return app
