@@ -429,3 +429,103 @@ def test_a_nested_or_surrogate_chat_body_is_a_400(live):
         r = httpx.post(f"{live.url}/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"},
                        timeout=60)
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("invalid request"), r.text
+
+
+def wait_status(http, key: str, want: str, seconds: float = 60) -> dict:
+    deadline = time.time() + seconds
+    while (s := http.get(f"/v1/contexts/{key}").json()).get("status") != want:
+        assert time.time() < deadline, f"context {key} is {s}, not {want}"
+        time.sleep(0.05)
+    return s
+
+
+def test_reupload_replaces_a_corrupted_or_truncated_context(live):
+    """Finding: re-uploading the text of a damaged context answered 200 "ready" (flipped bytes) or 202
+    "failed" (truncated) and changed nothing. Now a context found unreadable is listed as failed and its
+    text, sent again, replaces it with a fresh encode."""
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        for damage in ("flip", "truncate"):
+            text = f"{damage}: " + DOC
+            key = http.post("/v1/contexts", json={"text": text}).json()["id"]
+            wait_status(http, key, "ready")
+            live.worker.loaded.clear()
+            path = live.worker.store.path(key)
+            data = bytearray(path.read_bytes())
+            if damage == "flip":
+                data[-50] ^= 0xFF
+            path.write_bytes(bytes(data) if damage == "flip" else bytes(data[:len(data) // 2]))
+            r = http.post("/v1/chat/completions", json={"model": "reform", "context_id": key, "max_tokens": 5,
+                                                        "messages": [{"role": "user", "content": QUESTION}]})
+            assert r.status_code in (404, 500) and "upload the text again" in r.json()["error"]["message"] \
+                or r.status_code == 404
+            assert http.get(f"/v1/contexts/{key}").json()["status"] == "failed"
+            r = http.post("/v1/contexts", json={"text": text})
+            assert r.status_code == 202 and r.json()["status"] in ("queued", "encoding")
+            wait_status(http, key, "ready")
+            r = http.post("/v1/chat/completions", json={"model": "reform", "context_id": key, "max_tokens": 5,
+                                                        "messages": [{"role": "user", "content": QUESTION}]})
+            assert r.status_code == 200
+
+
+def test_a_context_evicted_by_the_store_budget_is_not_listed_as_ready(store):
+    """Finding: a context removed by the store's size budget stayed listed "ready" by the process that
+    removed it, and a question on it got 404."""
+    with LiveServer(make_pipe(), store, memory_contexts=1) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as http:
+        first = http.post("/v1/contexts", json={"text": "first " + DOC}).json()["id"]
+        size = wait_status(http, first, "ready")["bytes"]
+        server.worker.store.max_bytes = int(size * 1.5)          # room for one context
+        second = http.post("/v1/contexts", json={"text": "second " + DOC}).json()["id"]
+        wait_status(http, second, "ready")
+        listed = {c["id"]: c["status"] for c in http.get("/v1/contexts").json()["data"]}
+        assert listed == {second: "ready"}
+        assert http.get(f"/v1/contexts/{first}").status_code == 404
+
+
+def test_a_note_left_by_a_dead_process_on_this_host_reads_failed_and_the_text_encodes_again(store):
+    """Finding: after kill -9 mid-encode and a restart, the server read its own leftover status note as
+    another replica's work: "encoding" forever, a re-upload queued nothing, a chat hung, then 404. Notes
+    now carry their writer (host, pid, process start time)."""
+    import json
+    import os
+    import socket as sock
+    with LiveServer(make_pipe(), store) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        key = server.app.state.service.keys.of(DOC)[0]
+        for gone in ({"pid": os.getpid(), "started": -1},          # this pid, an earlier process (a restart)
+                     {"pid": 2 ** 22 + 7, "started": 1}):          # a pid that does not run
+            note = {"status": "encoding", "tokens": 900, "tokens_encoded": 300, "updated": time.time(),
+                    "owner": {"host": sock.gethostname(), "instance": "earlier", **gone}}
+            (store / f"{key}.status.json").write_text(json.dumps(note))
+            t = time.time()
+            s = http.get(f"/v1/contexts/{key}").json()
+            assert s["status"] == "failed" and "stopped before it finished" in s["error"]
+            r = http.post("/v1/chat/completions", json={"model": "reform", "context_id": key, "max_tokens": 5,
+                                                        "messages": [{"role": "user", "content": QUESTION}]})
+            assert r.status_code == 404 and time.time() - t < 5
+        assert http.post("/v1/contexts", json={"text": DOC}).status_code == 202
+        wait_status(http, key, "ready")
+        assert server.worker.encoded == 1
+
+
+def test_an_upload_racing_a_chat_on_the_same_text_is_not_lost(store):
+    """Finding: an upload that raced a chat encoding the same text read the chat's own note as another
+    replica's work and queued nothing; when the chat's encode was cancelled, the text was never encoded."""
+    pipe = make_pipe()
+    original = pipe.method.encode
+
+    def slow(p, ids, progress=None):        # a chat's encode the client will abandon
+        def slower(n):
+            time.sleep(0.05)
+            progress(n)
+        return original(p, ids, slower if progress else None)
+    pipe.method.encode = slow
+    long_doc = DOC * 6
+    with LiveServer(pipe, store) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        key = server.app.state.service.keys.of(long_doc)[0]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/chat/completions", timeout=1.0,
+                       json={"model": "reform", "messages": [{"role": "system", "content": long_doc},
+                                                             {"role": "user", "content": QUESTION}]})
+        r = http.post("/v1/contexts", json={"text": long_doc})
+        assert r.status_code == 202
+        wait_status(http, key, "ready")

@@ -427,7 +427,9 @@ async def create_context(request: Request):
     key, n = await service.key_of(text)
     if service.worker.has(key) or service.encoding_elsewhere(key):   # (another replica's encode is not repeated)
         s = service.status_of(key)
-        return JSONResponse(s.to_json(), status_code=200 if s.status == "ready" else 202)
+        if s.status != "failed":
+            return JSONResponse(s.to_json(), status_code=200 if s.status == "ready" else 202)
+        service.worker.forget(key)       # failed, or its file unreadable: replaced by a fresh encode
     try:
         service.worker.upload(key, text, n)
     except QueueFull:

@@ -13,8 +13,11 @@ recently used ones), else in the store (a saved file: no encode), else encodes i
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import threading
 import time
+import uuid
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -89,6 +92,34 @@ class Job:
 STALE_NOTE_S = 600      # an encode elsewhere whose note has not changed for this long is taken as dead
 
 
+def process_started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, Linux); None where unknown or not running."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner_gone(owner: dict, me: dict) -> bool:
+    """Whether the process that wrote a status note is known to be gone: on this host, a pid that no longer
+    runs, or that now belongs to a process started at another time (this very server restarted after a
+    crash, say, with the same pid in its container). A note from another host is judged by its age alone
+    (``STALE_NOTE_S``)."""
+    if owner.get("host") != me["host"] or not isinstance(owner.get("pid"), int):
+        return False
+    started = process_started(owner["pid"])
+    if started is None:
+        try:
+            os.kill(owner["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:           # alive, another user's
+            return False
+        return False
+    return owner.get("started") is not None and owner["started"] != started
+
+
 class Worker:
     """Owns ``pipe`` (a ``Pipeline``) and ``store`` (a ``ContextStore``); ``submit`` queues a job."""
 
@@ -105,6 +136,9 @@ class Worker:
         self.lock = threading.Lock()                             # guards ``status`` and ``loaded``
         self.encoded = 0                                         # contexts this worker encoded (not loaded)
         self.busy_since: float | None = None
+        # who writes this process's status notes: a restarted server knows its predecessor's notes as dead
+        self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_started(os.getpid()),
+                      "instance": uuid.uuid4().hex}
         self.thread = threading.Thread(target=self._run, name="reform-model", daemon=True)
         self.thread.start()
 
@@ -190,8 +224,10 @@ class Worker:
                 self.store.touch(key)
                 self._remember(key, ctx)
                 return ctx, False
-            except ContextFileError:
-                if text is None:
+            except ContextFileError as e:
+                if text is None:            # listed as failed until the text comes again (upload or chat)
+                    with self.lock:
+                        self.status[key] = ContextStatus(key, "failed", 0, error=str(e).splitlines()[0])
                     raise
                 self.store.delete(key)      # damaged: the text is here, so encode it again
         if text is None:
@@ -255,8 +291,14 @@ class Worker:
         note, in every process sharing the store. ``QueueFull`` when the queue is full (nothing recorded)."""
         with self.lock:
             self.status[key] = ContextStatus(key, "queued", tokens, method=self.pipe.method.name)
+        def encode(job):
+            found = self.context(key, text, job)
+            with self.lock:     # found ready (a chat encoded the same text first): the store's word stands
+                if (status := self.status.get(key)) is not None and status.status == "queued":
+                    self.status.pop(key)
+            return found
         try:
-            job = self.submit(lambda job: self.context(key, text, job))
+            job = self.submit(encode)
         except QueueFull:
             with self.lock:
                 self.status.pop(key, None)
@@ -281,20 +323,29 @@ class Worker:
         with self.lock:
             status = self.status.get(key)
         if status is not None:
-            self.store.write_note(key, {**status.to_json(), "updated": time.time()})
+            self.store.write_note(key, {**status.to_json(), "updated": time.time(), "owner": self.owner})
 
     def elsewhere(self, key: str) -> ContextStatus | None:
-        """The status another process sharing the store published for ``key`` (a stale one as failed)."""
+        """The status another process sharing the store published for ``key``: None for none (or for this
+        process's own note: its status table is the truth), failed for a writer known to be gone or silent
+        for ``STALE_NOTE_S``."""
         note = self.store.read_note(key)
         if note is None:
+            return None
+        owner = note.get("owner") if isinstance(note.get("owner"), dict) else {}
+        if owner.get("instance") == self.owner["instance"]:
             return None
         fields = {k: note[k] for k in ContextStatus.__dataclass_fields__ if k in note}
         try:
             status = ContextStatus(**{"id": key, "status": "failed", "tokens": 0, **fields})
         except TypeError:
             return None
-        if status.status in ("queued", "encoding") and time.time() - float(note.get("updated", 0)) > STALE_NOTE_S:
-            status.status, status.error = "failed", "the process encoding it stopped reporting"
+        if status.status in ("queued", "encoding"):
+            if owner_gone(owner, self.owner):
+                status.status, status.error = "failed", (f"the process encoding it (pid {owner['pid']}) stopped "
+                                                         "before it finished; upload the text again")
+            elif time.time() - float(note.get("updated", 0)) > STALE_NOTE_S:
+                status.status, status.error = "failed", "the process encoding it stopped reporting"
         return status
 
     def describe(self, key: str) -> ContextStatus | None:
@@ -306,7 +357,11 @@ class Worker:
             return status
         entry = self.store.get(key)
         if entry is None:
-            return status if status is not None else self.elsewhere(key)
+            with self.lock:
+                if status is not None and key in self.loaded:
+                    return status              # removed from the store (its size budget) but still in memory
+                self.status.pop(key, None)     # ready here once, since removed: not listed as ready
+            return self.elsewhere(key)
         try:
             m = self.store.manifest(key)
         except ContextFileError as e:
