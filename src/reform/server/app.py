@@ -24,6 +24,7 @@ import copy
 import hashlib
 import hmac
 import json
+import math
 import os
 import socket
 import threading
@@ -149,8 +150,9 @@ class Service:
         return self.worker.store.has(key)
 
     def busy(self) -> ApiError:
-        return ApiError(503, "the server is busy: too many requests are waiting; retry later", type="server_error",
-                        code="queue_full", headers={"Retry-After": str(max(1, self.worker.queued()))})
+        wait = min(600, max(1, math.ceil(self.worker.expected_wait())))      # when a place is likely free
+        return ApiError(503, f"the server is busy: too many requests are waiting; retry in about {wait} s",
+                        type="server_error", code="queue_full", headers={"Retry-After": str(wait)})
 
     def submit(self, fn, *, stream: bool = False, key: str | None = None):
         try:
@@ -241,10 +243,13 @@ class Waiting:
             await self.still_wanted()
         return outcome(self.job)
 
-    async def next_event(self):
-        """``("text", piece)`` or ``("done", result)`` from a streaming job; errors raise."""
-        job = self.job
+    async def next_event(self, within: float | None = None):
+        """``("text", piece)`` or ``("done", result)`` from a streaming job; errors raise. ``within``
+        seconds passed without one: None."""
+        job, until = self.job, None if within is None else asyncio.get_running_loop().time() + within
         while True:
+            if until is not None and asyncio.get_running_loop().time() > until:
+                return None
             if not job.events.empty():
                 return job.events.get_nowait()
             if job.future.done():
@@ -352,11 +357,18 @@ class Completion:
                 "choices": choices, **more}
         return f"data: {json.dumps(body)}\n\n"
 
-    async def events(self, first, waiting: Waiting, include_usage: bool):
-        """Server-sent events from the job's first event on, ending with ``[DONE]``."""
+    async def events(self, first, waiting: Waiting, include_usage: bool, progress=lambda: None):
+        """Server-sent events from the job's first event on, ending with ``[DONE]``. Until the first event
+        (``first`` None: the context is still encoding), an SSE comment every ``KEEP_ALIVE_S`` keeps
+        proxies from dropping the connection and carries the encode's progress."""
         event = first
         try:
             yield self.chunk({"role": "assistant", "content": ""})
+            while event is None:
+                done = progress()
+                yield ": " + json.dumps({"reform": {"encoding": None if done is None else
+                                                    {"tokens_encoded": done[0], "tokens": done[1]}}}) + "\n\n"
+                event = await waiting.next_event(within=KEEP_ALIVE_S)
             while True:
                 kind, value = event
                 if kind == "done":
@@ -375,6 +387,10 @@ class Completion:
         finally:
             waiting.job.cancel.set()        # a client that left frees the worker at the next token
         yield "data: [DONE]\n\n"
+
+
+KEEP_ALIVE_S = 5.0        # a streamed chat waiting for its encode sends a comment this often
+FIRST_EVENT_S = 1.0       # ... after waiting this long for a first event (errors before it get a real status)
 
 
 def service_of(request: Request) -> Service:
@@ -411,11 +427,12 @@ async def chat(request: Request):
     try:    # errors before the first token (unknown context, question too long) get a real status
         if not req.stream:
             return completion.whole(*await waiting.result())
-        first = await waiting.next_event()
+        first = await waiting.next_event(within=FIRST_EVENT_S)
     except Cancelled:
         return JSONResponse({}, status_code=499)
     include_usage = req.stream_options is not None and bool(req.stream_options.include_usage)
-    return StreamingResponse(completion.events(first, waiting, include_usage), media_type="text/event-stream",
+    return StreamingResponse(completion.events(first, waiting, include_usage, lambda: worker.progress(key)),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

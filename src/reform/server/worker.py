@@ -135,6 +135,7 @@ class Worker:
         self.uploads: dict[str, Job] = {}                        # key -> the queued encode of an upload
         self.lock = threading.Lock()                             # guards ``status`` and ``loaded``
         self.encoded = 0                                         # contexts this worker encoded (not loaded)
+        self.job_seconds = 5.0                                   # a job's running time, moving average
         self.busy_since: float | None = None
         # who writes this process's status notes: a restarted server knows its predecessor's notes as dead
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_started(os.getpid()),
@@ -147,6 +148,9 @@ class Worker:
         """Queue ``fn``; ``key``: the context it reads, when it may answer between an encode's chunks."""
         loop = asyncio.get_running_loop()
         job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None, key=key)
+        # a job whose client left resolves with nobody awaiting it: mark its exception seen (no asyncio
+        # "Future exception was never retrieved" traceback per disconnect)
+        job.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.put(job)
         return job
 
@@ -179,6 +183,7 @@ class Worker:
             job._resolve(False, Cancelled())
             return
         outer, self.busy_since = self.busy_since, time.monotonic()
+        started = self.busy_since
         try:
             job._resolve(True, job.fn(job))
         except Deferred:
@@ -188,6 +193,19 @@ class Worker:
             job._resolve(False, e)
         finally:
             self.busy_since = outer
+            self.job_seconds += 0.2 * (time.monotonic() - started - self.job_seconds)
+
+    def expected_wait(self) -> float:
+        """Seconds until a job queued now would start: the queue times the average job, plus what the
+        job running now has left of it."""
+        running = 0.0 if self.busy_since is None else max(0.0, self.job_seconds - (time.monotonic() - self.busy_since))
+        return self.queued() * self.job_seconds + running
+
+    def progress(self, key: str) -> tuple[int, int] | None:
+        """``(tokens encoded, tokens)`` of ``key``'s encode here while it runs."""
+        with self.lock:
+            s = self.status.get(key)
+        return (s.tokens_encoded, s.tokens) if s is not None and s.status == "encoding" else None
 
     def _answer_waiting(self) -> None:
         """Between two chunks of an encode: run the queued questions whose context is at hand."""
