@@ -574,3 +574,109 @@ def test_an_upload_racing_a_chat_on_the_same_text_is_not_lost(store):
         r = http.post("/v1/contexts", json={"text": long_doc})
         assert r.status_code == 202
         wait_status(http, key, "ready")
+
+
+def test_metrics_request_ids_access_log_and_cors(store, caplog):
+    import logging
+    caplog.set_level(logging.INFO, logger="reform.access")
+    settings = Settings(allowed_origins=("http://localhost:3000",))
+    with LiveServer(make_pipe(), store, settings=settings) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        chat(server.client(), DOC_CHAT)
+        r = http.get("/v1/models", headers={"X-Request-Id": "abc-123"})
+        assert r.headers["x-request-id"] == "abc-123" and len(http.get("/health").headers["x-request-id"]) == 32
+        logged = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "reform.access"]
+        assert {"request_id": "abc-123", "path": "/v1/models", "status": 200}.items() <= logged[-2].items()
+        text = http.get("/metrics").text
+        assert 'reform_requests_total{path="/v1/chat/completions",status="200"} 1.0' in text
+        assert "reform_contexts_encoded_total 1.0" in text and "reform_queue_depth 0.0" in text
+        tokens = float(next(l.split()[1] for l in text.splitlines() if l.startswith("reform_encoded_tokens_total")))
+        assert tokens == server.worker.tokens_encoded > 0
+        assert float(next(l.split()[1] for l in text.splitlines() if l.startswith("reform_store_bytes "))) > 0
+        pre = http.options("/v1/chat/completions", headers={"Origin": "http://localhost:3000",
+                                                            "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://localhost:3000"
+        other = http.options("/v1/chat/completions", headers={"Origin": "http://evil.example",
+                                                              "Access-Control-Request-Method": "POST"})
+        assert "access-control-allow-origin" not in other.headers
+
+
+class ServeProcess:
+    """`reform serve` as a user runs it: its own process, a tiny model folder, a store folder."""
+
+    def __init__(self, model_dir, store, *extra: str):
+        import subprocess
+        import sys
+        from pathlib import Path
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        reform = str(Path(sys.executable).parent / "reform")
+        self.proc = subprocess.Popen([reform, "serve", "--model", str(model_dir), "--store", str(store), "--port",
+                                      str(self.port), "--dtype", "fp32", "--heads", "1:v:0,2:q:3",
+                                      "--option", "chunk_size=64", "--option", "cache_budget=96",
+                                      "--no-access-log", *extra],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while True:
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "reform serve did not start"
+            time.sleep(0.2)
+
+
+LONG = DOC * 300
+
+
+def test_kill_9_mid_encode_then_restart_the_context_reads_failed_and_a_reupload_encodes_it(tiny_model_dir, tmp_path):
+    """Done-when: kill -9 during an encode, restart on the same store: within 5 s the context is failed,
+    a re-upload encodes it, and no request waits past its timeout."""
+    store = tmp_path / "store"
+    first = ServeProcess(tiny_model_dir, store)
+    try:
+        key = httpx.post(f"{first.url}/v1/contexts", json={"text": LONG}, timeout=60).json()["id"]
+        with httpx.Client(base_url=first.url, timeout=60) as http:
+            wait_status(http, key, "encoding")
+    finally:
+        first.proc.kill()
+        first.proc.wait()
+    second = ServeProcess(tiny_model_dir, store)
+    try:
+        with httpx.Client(base_url=second.url, timeout=60) as http:
+            t = time.time()
+            s = http.get(f"/v1/contexts/{key}").json()
+            assert s["status"] == "failed" and "stopped before it finished" in s["error"] and time.time() - t < 5
+            r = http.post("/v1/chat/completions", json={"model": "reform", "context_id": key, "max_tokens": 3,
+                                                        "messages": [{"role": "user", "content": QUESTION}]})
+            assert r.status_code == 404 and time.time() - t < 5
+            assert http.post("/v1/contexts", json={"text": LONG}).status_code == 202
+            wait_status(http, key, "ready", seconds=120)
+    finally:
+        second.proc.kill()
+        second.proc.wait()
+
+
+def test_sigterm_drains_a_request_in_flight(tiny_model_dir, tmp_path):
+    """Finding: the shutdown grace was a fixed 5 s and requests in flight got an empty reply. Now
+    `--shutdown-grace` (30 s by default) lets them finish: the chat sent before SIGTERM gets its answer."""
+    import signal
+    server = ServeProcess(tiny_model_dir, tmp_path / "store", "--shutdown-grace", "60")
+    try:
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        reply = pool.submit(httpx.post, f"{server.url}/v1/chat/completions", timeout=120, json={
+            "model": "reform", "max_tokens": 5,
+            "messages": [{"role": "system", "content": LONG}, {"role": "user", "content": QUESTION}]})
+        deadline = time.time() + 60
+        while not httpx.get(f"{server.url}/health", timeout=5).json()["busy"]:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        r = reply.result(timeout=120)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+        assert server.proc.wait(timeout=60) in (0, -signal.SIGTERM)      # uvicorn ends by re-raising it
+    finally:
+        server.proc.kill()

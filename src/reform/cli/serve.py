@@ -32,6 +32,12 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                         "(504 after)"),
           max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="longest answer when a request "
                                          "gives no max_tokens (shorter where the model's window has less room)"),
+          allowed_origins: str = typer.Option("", "--allowed-origins", help="comma-separated web origins whose "
+                                              "pages may call the API (CORS), e.g. http://localhost:3000; * for any"),
+          shutdown_grace: float = typer.Option(30.0, "--shutdown-grace", help="seconds that requests in flight "
+                                               "get to finish after SIGTERM / Ctrl-C before they are cut"),
+          access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="one JSON line per request "
+                                          "on stderr (request id, path, status, seconds)"),
           ray: bool = typer.Option(False, "--ray", help="run --replicas copies as Ray Serve replicas"),
           address: Optional[str] = typer.Option(None, "--address", envvar="RAY_ADDRESS",
                                                 help="the Ray cluster (default: $RAY_ADDRESS, else a local one)"),
@@ -47,6 +53,11 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
             raise CliError("--store-max-gb must be positive")
         if not (max_body_mb > 0 and timeout > 0):
             raise CliError("--max-body-mb and --timeout must be positive")
+        if not shutdown_grace >= 0:
+            raise CliError("--shutdown-grace must be 0 or more")
+        origins = tuple(o.strip() for o in allowed_origins.split(",") if o.strip())
+        if bad := [o for o in origins if o != "*" and not o.startswith(("http://", "https://"))]:
+            raise CliError(f"--allowed-origins: {bad[0]!r} is not an origin (http://host[:port] or https://...)")
         if "://" not in store:
             store = str(checked_output(Path(store), "--store", folder=True).resolve())
         ContextStore(store)                         # refuse an unusable store before the model loads
@@ -56,7 +67,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         load = load.load()
         settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
-                            default_max_tokens=max_tokens)
+                            default_max_tokens=max_tokens, allowed_origins=origins)
         options = {"store_max_bytes": None if store_max_gb is None else int(store_max_gb * 2**30),
                    "queue_size": queue_size, "memory_contexts": memory_contexts}
         if ray:
@@ -72,7 +83,13 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
     err.print(f"serving {pipe.model_name} ({pipe.method.name}) on http://{host}:{port}/v1 · store {store}"
               + (" · API key required" if api_key else ""), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    if access_log:
+        import logging
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("reform.access").addHandler(handler)
+        logging.getLogger("reform.access").setLevel(logging.INFO)
+    uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace)
 
 
 def serve_on_ray(load: dict, store: str, options: dict, settings, host: str, port: int, address: str | None,

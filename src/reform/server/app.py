@@ -24,6 +24,7 @@ import copy
 import hashlib
 import hmac
 import json
+import logging
 import math
 import os
 import socket
@@ -33,7 +34,8 @@ import uuid
 from dataclasses import dataclass
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -41,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine.layout import as_tensor
 from ..engine.sampling import Sampling
 from ..store import ContextFileError
+from .metrics import Metrics
 from .openai_schema import ApiError, ChatRequest, Conversation, context_text, history_question
 from .worker import Cancelled, ContextStatus, QueueFull, Worker
 
@@ -53,6 +56,7 @@ class Settings:
     request_timeout: float = 900.0          # 504 after this many seconds (encode included)
     default_max_tokens: int = 512
     model_id: str | None = None             # the name /v1/models lists (default: the pipeline's model name)
+    allowed_origins: tuple[str, ...] = ()   # CORS: web origins whose pages may call the API ("*": any)
 
 
 class Keys:
@@ -117,6 +121,7 @@ class Service:
         self.served_names = (self.model_id, self.pipe.model_name, self.pipe.source, "reform")  # a request's "model"
         self.history_limit = self.pipe.engine.shape.window // 8   # tokens of later turns riding with a question
         self.name = f"{socket.gethostname()}/{os.getpid()}"
+        self.metrics = Metrics(worker)
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
 
@@ -334,8 +339,9 @@ async def chat_request(request: Request, limit: int) -> ChatRequest:
 class Completion:
     """The OpenAI shape of one chat completion: the whole answer, or its stream of chunks."""
 
-    def __init__(self, model_id: str, key: str):
+    def __init__(self, model_id: str, key: str, streams):
         self.id, self.created, self.model_id, self.key = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), model_id, key
+        self.streams = streams          # the open-streams gauge
 
     @staticmethod
     def usage(answer) -> dict:
@@ -362,6 +368,7 @@ class Completion:
         (``first`` None: the context is still encoding), an SSE comment every ``KEEP_ALIVE_S`` keeps
         proxies from dropping the connection and carries the encode's progress."""
         event = first
+        self.streams.inc()
         try:
             yield self.chunk({"role": "assistant", "content": ""})
             while event is None:
@@ -385,6 +392,7 @@ class Completion:
         except Cancelled:
             return
         finally:
+            self.streams.dec()
             waiting.job.cancel.set()        # a client that left frees the worker at the next token
         yield "data: [DONE]\n\n"
 
@@ -423,7 +431,7 @@ async def chat(request: Request):
 
     job = service.submit(work, stream=req.stream, key=key)    # with key: may answer during another's encode
     waiting = Waiting(job, request, deadline, settings.request_timeout)
-    completion = Completion(service.model_id, key)
+    completion = Completion(service.model_id, key, service.metrics.streams)
     try:    # errors before the first token (unknown context, question too long) get a real status
         if not req.stream:
             return completion.whole(*await waiting.result())
@@ -494,6 +502,12 @@ async def health(request: Request):
             "stored_contexts": len(worker.store.entries())}
 
 
+@router.get("/metrics")
+async def metrics(request: Request):
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    return Response(generate_latest(service_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
 # ---------------------------------------------------------------------- errors and the guard
 async def api_error(request: Request, e: ApiError):
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -555,10 +569,35 @@ class BodyLimit:
             await JSONResponse(error.body(), status_code=413, headers={"Connection": "close"})(scope, receive, send)
 
 
+ACCESS_LOG = logging.getLogger("reform.access")
+
+
 async def guard(request: Request, call_next):
-    """The API key, the body-size limit by ``Content-Length``, and which process answered."""
+    """The API key, the body-size limit by ``Content-Length``, a request id (the client's ``X-Request-Id``
+    or a new one) in the response and the access log (one JSON line per request), and which process
+    answered."""
     service = service_of(request)
     settings = service.settings
+    request_id = request.headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
+    started = time.perf_counter()
+    service.metrics.in_flight.inc()
+    try:
+        response = await checked(request, call_next, service, settings)
+    finally:
+        service.metrics.in_flight.dec()
+    route = request.scope.get("route")
+    path = getattr(route, "path", "unmatched")
+    service.metrics.requests.labels(path, str(response.status_code)).inc()
+    response.headers["X-Reform-Worker"] = service.name
+    response.headers["X-Request-Id"] = request_id
+    ACCESS_LOG.info(json.dumps({"time": round(time.time(), 3), "request_id": request_id, "method": request.method,
+                                "path": request.url.path, "status": response.status_code,
+                                "seconds": round(time.perf_counter() - started, 4),
+                                "client": request.client.host if request.client else None, "worker": service.name}))
+    return response
+
+
+async def checked(request: Request, call_next, service: Service, settings: Settings):
     if request.url.path.startswith("/v1/") and settings.api_key:
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
@@ -570,9 +609,7 @@ async def guard(request: Request, call_next):
         e = ApiError(413, f"request body of {int(length)} bytes is over the limit of {settings.max_body_bytes}",
                      code="request_too_large")
         return JSONResponse(e.body(), status_code=413)
-    response = await call_next(request)
-    response.headers["X-Reform-Worker"] = service.name
-    return response
+    return await call_next(request)
 
 
 def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
@@ -585,5 +622,10 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(Exception, internal_error)
     app.middleware("http")(guard)
     app.add_middleware(BodyLimit, limit=app.state.settings.max_body_bytes)
+    if app.state.settings.allowed_origins:      # outermost: preflight requests answered before the API key
+        app.add_middleware(CORSMiddleware, allow_origins=list(app.state.settings.allowed_origins),
+                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+                           expose_headers=["X-Request-Id", "X-Reform-Worker", "Retry-After"])
     app.include_router(router)
     return app

@@ -136,6 +136,8 @@ class Worker:
         self.lock = threading.Lock()                             # guards ``status`` and ``loaded``
         self.encoded = 0                                         # contexts this worker encoded (not loaded)
         self.job_seconds = 5.0                                   # a job's running time, moving average
+        self.tokens_encoded = 0                                  # over every encode here (for /metrics)
+        self.encode_seconds = 0.0
         self.busy_since: float | None = None
         # who writes this process's status notes: a restarted server knows its predecessor's notes as dead
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_started(os.getpid()),
@@ -290,6 +292,8 @@ class Worker:
         status.status, status.encode_seconds = "ready", round(ctx.encode_seconds, 3)
         self.store.drop_note(key)
         self.encoded += 1
+        self.tokens_encoded += status.tokens
+        self.encode_seconds += ctx.encode_seconds
         self._remember(key, ctx)
         return ctx
 

@@ -1,0 +1,45 @@
+"""``GET /metrics`` in Prometheus' text format (prometheus-client), one registry per app: requests by
+path and status, requests in flight and open streams (counted by the HTTP layer), and what the worker
+knows at scrape time (queue depth, encodes, tokens and seconds encoded, the store's size)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class WorkerCollector:
+    """Reads the worker's state when scraped (nothing to keep in step)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def collect(self):
+        w = self.worker
+        yield GaugeMetricFamily("reform_queue_depth", "jobs waiting for the model thread", value=w.queued())
+        yield GaugeMetricFamily("reform_busy", "1 while the model thread runs a job", value=int(w.busy_since is not None))
+        yield GaugeMetricFamily("reform_expected_wait_seconds", "expected wait of a job queued now",
+                                value=w.expected_wait())
+        yield CounterMetricFamily("reform_contexts_encoded", "contexts encoded by this process", value=w.encoded)
+        yield CounterMetricFamily("reform_encoded_tokens", "context tokens encoded by this process",
+                                  value=w.tokens_encoded)
+        yield CounterMetricFamily("reform_encode_seconds", "seconds spent encoding contexts", value=w.encode_seconds)
+        rate = w.tokens_encoded / w.encode_seconds if w.encode_seconds else 0.0
+        yield GaugeMetricFamily("reform_encode_tokens_per_second", "mean encode rate of this process", value=rate)
+        try:
+            entries = w.store.entries()
+        except OSError:
+            entries = []
+        yield GaugeMetricFamily("reform_store_bytes", "bytes of saved contexts in the store",
+                                value=sum(e.bytes for e in entries))
+        yield GaugeMetricFamily("reform_store_contexts", "saved contexts in the store", value=len(entries))
+
+
+class Metrics:
+    def __init__(self, worker):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("reform_requests", "HTTP requests answered, by route and status",
+                                ["path", "status"], registry=self.registry)
+        self.in_flight = Gauge("reform_requests_in_flight", "HTTP requests being answered", registry=self.registry)
+        self.streams = Gauge("reform_active_streams", "streamed chat completions open", registry=self.registry)
+        self.registry.register(WorkerCollector(worker))
