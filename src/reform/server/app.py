@@ -6,7 +6,7 @@
 - ``POST /v1/contexts`` (JSON ``{"text": ...}``, one multipart ``file`` or form field ``text``, or a text
   body) answers an id at once and encodes in the background; ``GET /v1/contexts[/{id}]`` shows status and
   progress; ``DELETE`` removes.
-- ``GET /v1/models[/{id}]``, ``GET /health``.
+- ``GET /v1/models[/{id}]``, ``GET /health``, ``GET /metrics`` (Prometheus), and ``GET /`` the web page.
 
 Every response names the process that answered in an ``X-Reform-Worker: HOST/PID`` header (behind a load
 balancer or Ray Serve, which replica it was).
@@ -32,10 +32,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -502,6 +504,15 @@ async def health(request: Request):
             "stored_contexts": len(worker.store.entries())}
 
 
+STATIC = Path(__file__).parent / "static"
+
+
+@router.get("/", include_in_schema=False)
+async def page():
+    """The web page (static files, no build step): upload, watch the encode, chat, manage contexts."""
+    return FileResponse(STATIC / "index.html")
+
+
 @router.get("/metrics")
 async def metrics(request: Request):
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -628,4 +639,5 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
                            expose_headers=["X-Request-Id", "X-Reform-Worker", "Retry-After"])
     app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

@@ -1,0 +1,74 @@
+"""A screenshot of `reform serve`'s web page in use, for the docs: starts the server (default model, a
+fresh store), opens the page in headless Chromium (Selenium), pastes a document, encodes it, asks a
+question and saves the page once the answer has streamed in.
+
+    python scripts/server_page_screenshot.py --out docs/results/server-page.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+DOCUMENT = ("The Lighthouse Keeper's Log.\n\nThe storm began on the third night. The keeper, Ada Morrow, wrote that "
+            "the lamp was lit at 6:40 pm and that the supply boat would come back on Thursday with oil and flour. "
+            "The radio code for the harbour master is ORCHID-7. On the fourth day the wind turned north and "
+            "the gulls came back to the rocks.\n") * 40
+QUESTION = "What is the radio code for the harbour master?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as store:
+        server = subprocess.Popen([str(Path(sys.executable).parent / "reform"), "serve", "--port", str(port),
+                                   "--store", store, "--no-access-log"], stderr=subprocess.DEVNULL)
+        options = webdriver.ChromeOptions()
+        options.binary_location = shutil.which("chromium")
+        for flag in ("--headless=new", "--no-sandbox", "--window-size=1280,820"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+        try:
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.5)
+            driver.get(url + "/")
+            wait = WebDriverWait(driver, 600)
+            driver.execute_script("document.getElementById('document').value = arguments[0]", DOCUMENT)
+            driver.find_element(By.ID, "upload").click()
+            wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state"))
+            driver.find_element(By.ID, "question").send_keys(QUESTION)
+            driver.find_element(By.ID, "ask").click()
+            wait.until(lambda d: any(a.get_attribute("data-state") in ("done", "failed")
+                                     for a in d.find_elements(By.CSS_SELECTOR, "#log .a")))
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(str(args.out))
+            print(driver.find_element(By.CSS_SELECTOR, "#log .a").get_attribute("textContent"))
+        finally:
+            driver.quit()
+            server.terminate()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The web page at ``/`` in a real headless browser (Debian's Chromium driven by Selenium) over loopback:
+paste a document, watch it encode, ask, see the library's answer streamed in; then delete the context.
+Skipped, with the reason, where no Chromium is installed (`apt-get install chromium chromium-driver`)."""
+
+import shutil
+
+import httpx
+import pytest
+
+from test_server import DOC, QUESTION, LiveServer, make_pipe
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Chromium and chromedriver "
+                                "(Debian: apt-get install chromium chromium-driver)")
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_the_page_uploads_asks_and_deletes(store_dir, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    expected = make_pipe().encode(DOC).ask(QUESTION, max_new_tokens=10).text
+    with LiveServer(make_pipe(), store_dir) as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda d: d.find_element(By.ID, "model").text)           # the page read /v1/models
+        browser.execute_script("document.getElementById('document').value = arguments[0]", DOC)
+        browser.find_element(By.ID, "upload").click()
+        wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state") in ("ready", "failed"))
+        assert browser.find_element(By.ID, "upload-status").text.startswith("ready")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#contexts tbody tr")
+        assert len(rows) == 1 and "ready" in rows[0].text
+        browser.find_element(By.ID, "question").send_keys(QUESTION)
+        max_tokens = browser.find_element(By.ID, "max-tokens")
+        max_tokens.clear()
+        max_tokens.send_keys("10")
+        browser.find_element(By.ID, "ask").click()
+        answer = wait.until(lambda d: next((a for a in d.find_elements(By.CSS_SELECTOR, "#log .a")
+                                            if a.get_attribute("data-state") in ("done", "failed")), None))
+        assert answer.get_attribute("data-state") == "done"
+        assert answer.get_attribute("textContent") == expected
+        browser.find_element(By.XPATH, "//button[text()='delete']").click()
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#contexts tbody tr"))
+        assert httpx.get(f"{server.url}/v1/contexts").json()["data"] == []
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    return tmp_path / "store"
