@@ -1,0 +1,234 @@
+"""A bounded load and fault test of `reform serve` over loopback: starts the server (default model, a fresh
+store) in its own process, then, stopping by itself:
+
+1. concurrent clients asking about one stored document (503s retried after their ``Retry-After``);
+2. uploads at the limit: a 50 MB text body (under the 64 MB body limit, over the token limit) and an
+   80 MB multipart body sent chunked (no Content-Length);
+3. clients that leave mid-stream;
+4. kill -9 during an encode, a restart on the same store, and a re-upload.
+
+It prints and writes (``--out``: results.json, results.md) requests sent / answered / lost, p50/p95
+latency, the server's RSS before and after each part, and how fast each fault was answered.
+
+    python scripts/serve_load.py --out docs/results/serve-load
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+REFORM = str(Path(sys.executable).parent / "reform")
+QUESTION = "What is the radio code for the harbour master?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, store: str, port: int):
+        self.url, self.store, self.port = f"http://127.0.0.1:{port}", store, port
+        self.proc = subprocess.Popen([REFORM, "serve", "--port", str(port), "--store", store, "--no-access-log"],
+                                     stderr=subprocess.DEVNULL)
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                if self.proc.poll() is not None:
+                    raise SystemExit("reform serve exited")
+                time.sleep(0.3)
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        return float("nan")
+
+    def stop(self, kill: bool = False) -> None:
+        (self.proc.kill if kill else self.proc.terminate)()
+        self.proc.wait()
+
+
+def document(words: int, seed: int) -> str:
+    import random
+    from reform.data.haystack import haystack, insert_needle
+    filler = haystack(words, lambda t: len(t.split()), rng=random.Random(seed))
+    return insert_needle(filler, "The radio code for the harbour master is ORCHID-7.", 0.5)
+
+
+def ask(url: str, context_id: str, max_tokens: int = 8) -> tuple[bool, float, int]:
+    """One chat, retried on 503 after its Retry-After (as a patient client would): (answered, seconds, tries)."""
+    t, tries = time.perf_counter(), 0
+    while tries < 50:
+        tries += 1
+        try:
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
+                "model": "reform", "context_id": context_id, "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": QUESTION}]})
+        except httpx.TransportError:
+            return False, time.perf_counter() - t, tries
+        if r.status_code == 503:
+            time.sleep(float(r.headers.get("retry-after", "1")))
+            continue
+        return r.status_code == 200, time.perf_counter() - t, tries
+    return False, time.perf_counter() - t, tries
+
+
+def wait_ready(url: str, key: str, seconds: float = 900) -> dict:
+    deadline = time.time() + seconds
+    while (s := httpx.get(f"{url}/v1/contexts/{key}", timeout=30).json()).get("status") in ("queued", "encoding"):
+        if time.time() > deadline:
+            break
+        time.sleep(0.2)
+    return s
+
+
+def chunked_multipart(port: int, total: int) -> tuple[int | None, float]:
+    """POST ``total`` bytes as a chunked multipart file; (status, seconds to the answer)."""
+    import select
+    sock = socket.create_connection(("127.0.0.1", port))
+    t = time.perf_counter()
+    sock.sendall(b"POST /v1/contexts HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=B\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    head = b'--B\r\nContent-Disposition: form-data; name="file"; filename="big.txt"\r\n\r\n'
+    piece, sent = b"lorem ipsum " * 20000, 0
+    try:
+        sock.sendall(b"%x\r\n%s\r\n" % (len(head), head))
+        while sent < total and not select.select([sock], [], [], 0)[0]:
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            sent += len(piece)
+    except OSError:
+        pass
+    sock.settimeout(60)
+    try:
+        reply = sock.recv(4096)
+        return int(reply.split(b" ", 2)[1]), time.perf_counter() - t
+    except (OSError, IndexError, ValueError):
+        return None, time.perf_counter() - t
+    finally:
+        sock.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=32, help="chats in all, spread over the clients")
+    ap.add_argument("--disconnects", type=int, default=60)
+    args = ap.parse_args()
+    from reform.machine import cpu_name
+    results: dict = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
+    with tempfile.TemporaryDirectory() as store:
+        port = free_port()
+        server = Server(store, port)
+        url = server.url
+        doc = document(3000, 0)
+        key = httpx.post(f"{url}/v1/contexts", json={"text": doc}, timeout=120).json()["id"]
+        wait_ready(url, key)
+        ask(url, key)
+        idle = server.rss_mb()
+        results["idle_rss_mb"] = idle
+
+        # 1. concurrent clients
+        with ThreadPoolExecutor(args.clients) as pool:
+            runs = list(pool.map(lambda _: ask(url, key), range(args.requests)))
+        seconds = sorted(r[1] for r in runs)
+        results["load"] = {"clients": args.clients, "sent": args.requests, "answered": sum(r[0] for r in runs),
+                           "lost": sum(not r[0] for r in runs), "p50_s": round(statistics.median(seconds), 2),
+                           "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 2),
+                           "most_tries": max(r[2] for r in runs), "rss_after_mb": server.rss_mb()}
+        print(json.dumps(results["load"]), flush=True)
+
+        # 2. uploads at the limit
+        big = ("lorem ipsum dolor sit amet " * 40 + "\n").encode() * (50 * 2**20 // 1081)
+        t = time.perf_counter()
+        r = httpx.post(f"{url}/v1/contexts", content=big, headers={"Content-Type": "text/plain"}, timeout=300)
+        results["upload_50mb"] = {"bytes": len(big), "status": r.status_code, "seconds": round(time.perf_counter() - t, 2),
+                                  "message": r.json().get("error", {}).get("message"), "rss_after_mb": server.rss_mb()}
+        print(json.dumps(results["upload_50mb"]), flush=True)
+        status, secs = chunked_multipart(port, 80 * 2**20)
+        results["upload_80mb_chunked"] = {"status": status, "seconds": round(secs, 2), "rss_after_mb": server.rss_mb()}
+        print(json.dumps(results["upload_80mb_chunked"]), flush=True)
+        ask_ok = ask(url, key)
+        results["answered_after_uploads"] = ask_ok[0]
+
+        # 3. clients leaving mid-stream
+        before = server.rss_mb()
+        for _ in range(args.disconnects):
+            with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120, json={
+                    "model": "reform", "context_id": key, "max_tokens": 200, "stream": True,
+                    "messages": [{"role": "user", "content": QUESTION}]}) as s:
+                for line in s.iter_lines():
+                    if '"content"' in line and '"content": ""' not in line:
+                        break           # the first token: leave
+        time.sleep(2)
+        results["disconnects"] = {"count": args.disconnects, "rss_before_mb": before, "rss_after_mb": server.rss_mb(),
+                                  "answered_after": ask(url, key)[0]}
+        print(json.dumps(results["disconnects"]), flush=True)
+
+        # 4. kill -9 mid-encode, restart, re-upload
+        long_doc = document(40000, 1)
+        long_key = httpx.post(f"{url}/v1/contexts", json={"text": long_doc}, timeout=120).json()["id"]
+        while httpx.get(f"{url}/v1/contexts/{long_key}", timeout=30).json()["status"] != "encoding":
+            time.sleep(0.1)
+        time.sleep(2)
+        server.stop(kill=True)
+        t = time.perf_counter()
+        server = Server(store, port)
+        started = time.perf_counter() - t
+        t = time.perf_counter()
+        status = httpx.get(f"{url}/v1/contexts/{long_key}", timeout=30).json()
+        seen = time.perf_counter() - t
+        t = time.perf_counter()
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "reform", "context_id": long_key, "max_tokens": 4,
+            "messages": [{"role": "user", "content": QUESTION}]})
+        chat_s = time.perf_counter() - t
+        again = httpx.post(f"{url}/v1/contexts", json={"text": long_doc}, timeout=120)
+        final = wait_ready(url, long_key)
+        answered = ask(url, long_key, max_tokens=16)
+        results["kill_9"] = {"restart_s": round(started, 1), "status_after_restart": status["status"],
+                             "status_seconds": round(seen, 3), "chat_on_it": r.status_code,
+                             "chat_seconds": round(chat_s, 3), "reupload": again.status_code,
+                             "after_reupload": final["status"], "tokens": final.get("tokens"),
+                             "answered_after": answered[0]}
+        print(json.dumps(results["kill_9"]), flush=True)
+        server.stop()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    load, up, ch, dis, k9 = (results[k] for k in ("load", "upload_50mb", "upload_80mb_chunked", "disconnects", "kill_9"))
+    table = [f"`python scripts/serve_load.py --out {args.out}` on {results['cpu']}, {results['date']}; "
+             f"server idle RSS {idle:.0f} MB", "",
+             "| part | result |", "|---|---|",
+             f"| {load['clients']} concurrent clients, {load['sent']} chats | sent {load['sent']}, answered "
+             f"{load['answered']}, **lost {load['lost']}**; p50 {load['p50_s']} s, p95 {load['p95_s']} s; most tries "
+             f"{load['most_tries']}; RSS after {load['rss_after_mb']:.0f} MB |",
+             f"| 50 MB text body | {up['status']} in {up['seconds']} s; RSS after {up['rss_after_mb']:.0f} MB |",
+             f"| 80 MB multipart, chunked | {ch['status']} in {ch['seconds']} s; RSS after {ch['rss_after_mb']:.0f} MB |",
+             f"| {dis['count']} clients leaving mid-stream | RSS {dis['rss_before_mb']:.0f} -> {dis['rss_after_mb']:.0f} MB; "
+             f"answering after: {dis['answered_after']} |",
+             f"| kill -9 mid-encode, restart | restart {k9['restart_s']} s; then the context reads "
+             f"{k9['status_after_restart']} ({k9['status_seconds']} s), a chat on it {k9['chat_on_it']} in "
+             f"{k9['chat_seconds']} s, re-upload {k9['reupload']} -> {k9['after_reupload']} ({k9['tokens']} tokens), "
+             f"answered: {k9['answered_after']} |"]
+    (args.out / "results.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()
