@@ -192,6 +192,9 @@ class Worker:
             with self.arrived:
                 self.pending.appendleft(job)
         except BaseException as e:      # every failure goes back to its request; the thread lives on
+            # without its traceback: its frames hold the generation's tensors (tens of MB) in a reference
+            # cycle through this frame, which only a full garbage collection would free
+            e.__traceback__ = None
             job._resolve(False, e)
         finally:
             self.busy_since = outer
