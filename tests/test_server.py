@@ -704,3 +704,47 @@ def test_a_failed_or_cancelled_job_keeps_no_frames(store):
         assert isinstance(e, Cancelled) and e.__traceback__ is None
     finally:
         worker.stop()
+
+
+def slow_pipe(seconds_per_chunk: float = 0.05):
+    pipe = make_pipe()
+    original = pipe.method.encode
+
+    def slow(p, ids, progress=None):
+        def slower(n):
+            time.sleep(seconds_per_chunk)
+            progress(n)
+        return original(p, ids, slower if progress else None)
+    pipe.method.encode = slow
+    return pipe
+
+
+def test_an_encode_started_by_a_chat_outlives_its_client_for_a_retry_then_stops_if_nobody_comes(store, monkeypatch):
+    """Finding: a chat's client leaving cancelled and discarded its encode, so every retry started from
+    zero. Now the encode goes on while another chat waits for it, or for a grace period after the last one
+    left: a retry finds it in progress and the text is encoded once; with nobody back, it stops."""
+    from reform.server import worker as worker_module
+    long_doc = DOC * 6
+    messages = [{"role": "system", "content": long_doc}, {"role": "user", "content": QUESTION}]
+    expected = make_pipe().encode(long_doc).ask(QUESTION, max_new_tokens=10).text
+    with LiveServer(slow_pipe(), store) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        key = server.app.state.service.keys.of(long_doc)[0]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/chat/completions", timeout=0.8,
+                       json={"model": "reform", "messages": messages, "max_tokens": 10})
+        time.sleep(0.5)
+        assert http.get(f"/v1/contexts/{key}").json()["status"] == "encoding"    # still going
+        r = http.post("/v1/chat/completions", json={"model": "reform", "messages": messages, "max_tokens": 10})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == expected
+        assert server.worker.encoded == 1
+    monkeypatch.setattr(worker_module, "ABANDONED_GRACE_S", 0.3)
+    other = "other " + long_doc
+    with LiveServer(slow_pipe(), tmp_store := store.parent / "store2") as server, \
+            httpx.Client(base_url=server.url, timeout=60) as http:
+        key = server.app.state.service.keys.of(other)[0]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/chat/completions", timeout=0.8, json={
+                "model": "reform", "max_tokens": 10,
+                "messages": [{"role": "system", "content": other}, {"role": "user", "content": QUESTION}]})
+        s = wait_status(http, key, "failed", seconds=20)
+        assert "cancelled" in s["error"] and server.worker.encoded == 0 and not tmp_store.joinpath(f"{key}.reform").exists()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import hashlib
 import hmac
 import json
@@ -365,7 +366,8 @@ class Completion:
                 "choices": choices, **more}
         return f"data: {json.dumps(body)}\n\n"
 
-    async def events(self, first, waiting: Waiting, include_usage: bool, progress=lambda: None):
+    async def events(self, first, waiting: Waiting, include_usage: bool, progress=lambda: None,
+                     finished=lambda: None):
         """Server-sent events from the job's first event on, ending with ``[DONE]``. Until the first event
         (``first`` None: the context is still encoding), an SSE comment every ``KEEP_ALIVE_S`` keeps
         proxies from dropping the connection and carries the encode's progress."""
@@ -395,6 +397,7 @@ class Completion:
             return
         finally:
             self.streams.dec()
+            finished()
             waiting.job.cancel.set()        # a client that left frees the worker at the next token
         yield "data: [DONE]\n\n"
 
@@ -429,19 +432,44 @@ async def chat(request: Request):
         ctx, encoded = worker.context(key, text, job)
         answer = ctx.ask(question, max_new_tokens=asked or settings.default_max_tokens, fit_window=asked is None,
                          on_text=lambda s: job.emit(("text", s)), **req.sampling())
-        return answer, encoded
+        return answer, encoded or started_encode
 
-    job = service.submit(work, stream=req.stream, key=key)    # with key: may answer during another's encode
+    started_encode = False
+    if text is not None and not worker.has(key) and not service.encoding_elsewhere(key):
+        # the encode runs as a job of its own, so that it outlives this request if its client leaves and
+        # another chat (or the same client, retrying) wants the same text (``Worker.upload``)
+        try:
+            worker.upload(key, text, (await service.key_of(text))[1], for_chat=True)
+        except QueueFull:
+            raise service.busy() from None
+        started_encode = True
+    worker.wait_for(key, True)
+    done_waiting = functools.partial(worker.wait_for, key, False)
+    try:
+        job = service.submit(work, stream=req.stream, key=key)   # with key: may answer during another's encode
+    except BaseException:
+        done_waiting()
+        raise
     waiting = Waiting(job, request, deadline, settings.request_timeout)
     completion = Completion(service.model_id, key, service.metrics.streams)
     try:    # errors before the first token (unknown context, question too long) get a real status
         if not req.stream:
-            return completion.whole(*await waiting.result())
+            try:
+                return completion.whole(*await waiting.result())
+            except Cancelled:
+                return JSONResponse({}, status_code=499)
+            finally:
+                done_waiting()
         first = await waiting.next_event(within=FIRST_EVENT_S)
     except Cancelled:
+        done_waiting()
         return JSONResponse({}, status_code=499)
+    except BaseException:
+        done_waiting()
+        raise
     include_usage = req.stream_options is not None and bool(req.stream_options.include_usage)
-    return StreamingResponse(completion.events(first, waiting, include_usage, lambda: worker.progress(key)),
+    return StreamingResponse(completion.events(first, waiting, include_usage, lambda: worker.progress(key),
+                                               done_waiting),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -583,44 +611,59 @@ class BodyLimit:
 ACCESS_LOG = logging.getLogger("reform.access")
 
 
-async def guard(request: Request, call_next):
-    """The API key, the body-size limit by ``Content-Length``, a request id (the client's ``X-Request-Id``
-    or a new one) in the response and the access log (one JSON line per request), and which process
-    answered."""
-    service = service_of(request)
-    settings = service.settings
-    request_id = request.headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
-    started = time.perf_counter()
-    service.metrics.in_flight.inc()
-    try:
-        response = await checked(request, call_next, service, settings)
-    finally:
-        service.metrics.in_flight.dec()
-    route = request.scope.get("route")
-    path = getattr(route, "path", "unmatched")
-    service.metrics.requests.labels(path, str(response.status_code)).inc()
-    response.headers["X-Reform-Worker"] = service.name
-    response.headers["X-Request-Id"] = request_id
-    ACCESS_LOG.info(json.dumps({"time": round(time.time(), 3), "request_id": request_id, "method": request.method,
-                                "path": request.url.path, "status": response.status_code,
-                                "seconds": round(time.perf_counter() - started, 4),
-                                "client": request.client.host if request.client else None, "worker": service.name}))
-    return response
+class Guard:
+    """ASGI middleware (a plain one, so ``request.is_disconnected()`` still reaches the server): the API key,
+    the body-size limit by ``Content-Length``, a request id (the client's ``X-Request-Id`` or a new one) and
+    the answering process in every response, metrics, and the access log (one JSON line per request,
+    written when its response ends, streams included)."""
 
+    def __init__(self, app, service: Service):
+        self.app, self.service = app, service
 
-async def checked(request: Request, call_next, service: Service, settings: Settings):
-    if request.url.path.startswith("/v1/") and settings.api_key:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
-            e = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                         type="authentication_error", code="invalid_api_key")
-            return JSONResponse(e.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-        e = ApiError(413, f"request body of {int(length)} bytes is over the limit of {settings.max_body_bytes}",
-                     code="request_too_large")
-        return JSONResponse(e.body(), status_code=413)
-    return await call_next(request)
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        service, request = self.service, Request(scope)
+        request_id = request.headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-reform-worker", service.name.encode()),
+                                                  (b"x-request-id", request_id.encode())]}
+            await send(message)
+        service.metrics.in_flight.inc()
+        try:
+            refusal = self.refusal(request)
+            if refusal is not None:
+                await refusal(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        finally:
+            service.metrics.in_flight.dec()
+            path = getattr(scope.get("route"), "path", "unmatched")
+            service.metrics.requests.labels(path, str(status[0])).inc()
+            ACCESS_LOG.info(json.dumps({
+                "time": round(time.time(), 3), "request_id": request_id, "method": request.method,
+                "path": request.url.path, "status": status[0], "seconds": round(time.perf_counter() - started, 4),
+                "client": request.client.host if request.client else None, "worker": service.name}))
+
+    def refusal(self, request: Request) -> JSONResponse | None:
+        settings = self.service.settings
+        if request.url.path.startswith("/v1/") and settings.api_key:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+                e = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                             type="authentication_error", code="invalid_api_key")
+                return JSONResponse(e.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            e = ApiError(413, f"request body of {int(length)} bytes is over the limit of {settings.max_body_bytes}",
+                         code="request_too_large")
+            return JSONResponse(e.body(), status_code=413)
+        return None
 
 
 def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
@@ -631,7 +674,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, routing_error)
     app.add_exception_handler(Exception, internal_error)
-    app.middleware("http")(guard)
+    app.add_middleware(Guard, service=app.state.service)
     app.add_middleware(BodyLimit, limit=app.state.settings.max_body_bytes)
     if app.state.settings.allowed_origins:      # outermost: preflight requests answered before the API key
         app.add_middleware(CORSMiddleware, allow_origins=list(app.state.settings.allowed_origins),

@@ -66,9 +66,17 @@ class Job:
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     key: str | None = None        # the context a question reads: it may run between an encode's chunks
+    # an encode queued for chats (not an upload): it runs while a chat waits for it, and for
+    # ``ABANDONED_GRACE_S`` after the last one left (a client retrying finds it in progress), then stops
+    for_chats: bool = False
+    waiting: int = 0
+    left_at: float | None = None
 
     def check(self) -> None:
         if self.cancel.is_set():
+            raise Cancelled()
+        if self.for_chats and self.waiting <= 0 and self.left_at is not None \
+                and time.monotonic() - self.left_at > ABANDONED_GRACE_S:
             raise Cancelled()
 
     def emit(self, item) -> None:
@@ -90,6 +98,7 @@ class Job:
 
 
 STALE_NOTE_S = 600      # an encode elsewhere whose note has not changed for this long is taken as dead
+ABANDONED_GRACE_S = 60  # an encode no chat waits for any more goes on this long for a client's retry
 
 
 def process_started(pid: int) -> int | None:
@@ -311,9 +320,15 @@ class Worker:
         """``key`` is in memory, in the store, or an upload here is queued or encoding it."""
         return key in self.loaded or self.store.has(key) or key in self.uploads
 
-    def upload(self, key: str, text: str, tokens: int) -> Job:
+    def upload(self, key: str, text: str, tokens: int, *, for_chat: bool = False) -> Job:
         """Queue the encode of an uploaded context: its status reads "queued" here and, through the store's
-        note, in every process sharing the store. ``QueueFull`` when the queue is full (nothing recorded)."""
+        note, in every process sharing the store. ``QueueFull`` when the queue is full (nothing recorded).
+        ``for_chat``: the encode a chat needs, which lives on after the chat's client leaves only while
+        another chat waits for it or for ``ABANDONED_GRACE_S`` (see ``wait_for``); an upload of the same
+        text makes it an upload (kept whatever the chats do)."""
+        if (job := self.uploads.get(key)) is not None:
+            job.for_chats = job.for_chats and for_chat
+            return job
         with self.lock:
             self.status[key] = ContextStatus(key, "queued", tokens, method=self.pipe.method.name)
         def encode(job):
@@ -328,10 +343,17 @@ class Worker:
             with self.lock:
                 self.status.pop(key, None)
             raise
+        job.for_chats = for_chat
         self.uploads[key] = job
         self.publish(key)
         job.future.add_done_callback(lambda f: (self.uploads.pop(key, None), f.exception()))
         return job
+
+    def wait_for(self, key: str, waiting: bool) -> None:
+        """A chat starts (``waiting``) or stops waiting for ``key``'s queued encode (event-loop side)."""
+        if (job := self.uploads.get(key)) is not None:
+            job.waiting += 1 if waiting else -1
+            job.left_at = None if job.waiting > 0 else time.monotonic()
 
     def forget(self, key: str) -> bool:
         """Remove ``key`` from memory, the store and the status table, cancelling an upload's encode; True
