@@ -188,6 +188,7 @@ def paper(out: Path, device: str, shape_name: str, lengths: list[int], methods: 
     """REFORM Table 6b on this machine: every method at every length, each row written as it finishes;
     a row whose estimated time no longer fits ``budget_s`` is skipped with a note."""
     from reform.bench.runner import needle_input, one_run
+    from reform.engine.core import UnsupportedModelError
     from reform.machine import matmul_throughput
     from reform.model import pick_dtype
     from reform.pipeline import Pipeline
@@ -215,8 +216,12 @@ def paper(out: Path, device: str, shape_name: str, lengths: list[int], methods: 
         if estimate is not None and estimate > left:
             res.note(f"skipped {method} at {length // K}k: about {estimate:.0f} s, {left:.0f} s left of the budget")
             continue
-        pipe = Pipeline(model, tokenizer, model_name=f"random {shape_name}", method=method,
-                        use_chat_template=False, **options[method])
+        try:
+            pipe = Pipeline(model, tokenizer, model_name=f"random {shape_name}", method=method,
+                            use_chat_template=False, **options[method])
+        except UnsupportedModelError as e:       # the load check (bf16 against fp32) said no: say why
+            res.note(f"{method}: the engine refused the model at load: {str(e)[:300]}")
+            continue
         if not any(r["method"] == method for r in res.rows):     # kernels chosen, allocator grown: untimed
             one_run(pipe, needle_input(tokenizer, pipe.templater, 2 * shape.chunk), max_new_tokens=2,
                     matmul_flops=rate)
