@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import hashlib
 import hmac
 import json
@@ -444,7 +443,12 @@ async def chat(request: Request):
             raise service.busy() from None
         started_encode = True
     worker.wait_for(key, True)
-    done_waiting = functools.partial(worker.wait_for, key, False)
+    stopped = []
+
+    def done_waiting() -> None:      # once per request, whichever way it ends
+        if not stopped:
+            stopped.append(True)
+            worker.wait_for(key, False)
     try:
         job = service.submit(work, stream=req.stream, key=key)   # with key: may answer during another's encode
     except BaseException:
