@@ -119,7 +119,7 @@ class Results:
     """Rows of one mode, rewritten to ``OUT/MODE.json`` and ``OUT/MODE.md`` after every row."""
 
     def __init__(self, out: Path, mode: str, header: dict):
-        self.out, self.mode, self.header, self.rows, self.notes = out, mode, header, [], []
+        self.out, self.mode, self.header, self.rows, self.notes, self.table = out, mode, header, [], [], ""
         out.mkdir(parents=True, exist_ok=True)
 
     def add(self, row: dict) -> None:
@@ -143,7 +143,7 @@ class Results:
         versions = ", ".join(f"{k} {m[k]}" for k in ("torch", "cuda", "transformers") if m.get(k))
         lines = [f"# gpu_check {self.mode}", "", f"{where}; {versions}; {m.get('date')}", "",
                  ", ".join(f"{k}: {v}" for k, v in self.header.items() if not isinstance(v, (dict, list))), ""]
-        write_atomic(self.out / f"{self.mode}.md", "\n".join(lines + [getattr(self, "table", "")] +
+        write_atomic(self.out / f"{self.mode}.md", "\n".join(lines + [self.table] +
                                                               [""] + [f"- {n}" for n in self.notes]) + "\n")
 
 

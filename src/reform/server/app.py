@@ -85,7 +85,7 @@ class Keys:
     def of(self, text: str, limit: int | None = None) -> tuple[str, int]:
         """``(key, tokens)`` of the context ``text`` would encode to; past ``limit`` tokens, ``(None, n)``
         with n > limit as soon as the count passes it (a 50 MB text is not tokenised whole to refuse it)."""
-        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        digest = hashlib.sha256(text.encode()).hexdigest()
         with self.lock:
             if digest in self.memo:
                 return self.memo[digest]
