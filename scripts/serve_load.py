@@ -1,7 +1,9 @@
 """A bounded load and fault test of `reform serve` over loopback: starts the server (default model, a fresh
 store) in its own process, then, stopping by itself:
 
-1. concurrent clients asking about one stored document (503s retried after their ``Retry-After``);
+1. concurrent clients asking about one stored document (503s retried after their ``Retry-After``), then a
+   burst of clients at once, each one chat through the official ``openai`` client with its default
+   retries (more clients than the queue holds: the rest wait in line, first come, first served);
 2. uploads at the limit: a 50 MB text body (under the 64 MB body limit, over the token limit) and an
    80 MB multipart body sent chunked (no Content-Length);
 3. clients that leave mid-stream;
@@ -89,6 +91,26 @@ def ask(url: str, context_id: str, max_tokens: int = 8) -> tuple[bool, float, in
     return False, time.perf_counter() - t, tries
 
 
+def ask_openai(url: str, context_id: str) -> tuple[bool, float]:
+    """One chat through the official client, with its default retries (2): (answered, seconds)."""
+    import openai
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600)
+    t = time.perf_counter()
+    try:
+        client.chat.completions.create(model="reform", max_tokens=8, extra_body={"context_id": context_id},
+                                       messages=[{"role": "user", "content": QUESTION}])
+        return True, time.perf_counter() - t
+    except openai.OpenAIError:
+        return False, time.perf_counter() - t
+
+
+def count_503(url: str) -> int:
+    """503s the server has answered so far (its /metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("reform_requests_total{") and 'status="503"' in line))
+
+
 def wait_ready(url: str, key: str, seconds: float = 900) -> dict:
     deadline = time.time() + seconds
     while (s := httpx.get(f"{url}/v1/contexts/{key}", timeout=30).json()).get("status") in ("queued", "encoding"):
@@ -129,6 +151,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=32, help="chats in all, spread over the clients")
+    ap.add_argument("--burst", type=int, default=32, help="clients sending one chat each at once")
     ap.add_argument("--disconnects", type=int, default=60)
     args = ap.parse_args()
     from reform.machine import cpu_name
@@ -153,6 +176,17 @@ def main() -> None:
                            "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 2),
                            "most_tries": max(r[2] for r in runs), "rss_after_mb": server.rss_mb()}
         print(json.dumps(results["load"]), flush=True)
+
+        # 1b. a burst: more clients at once than the queue holds, as the openai client sends them
+        before_503 = count_503(url)
+        with ThreadPoolExecutor(args.burst) as pool:
+            runs = list(pool.map(lambda _: ask_openai(url, key), range(args.burst)))
+        seconds = sorted(r[1] for r in runs)
+        results["burst"] = {"clients": args.burst, "sent": args.burst, "answered": sum(r[0] for r in runs),
+                            "lost": sum(not r[0] for r in runs), "p50_s": round(statistics.median(seconds), 2),
+                            "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 2),
+                            "answered_503": count_503(url) - before_503, "rss_after_mb": server.rss_mb()}
+        print(json.dumps(results["burst"]), flush=True)
 
         # 2. uploads at the limit
         big = ("lorem ipsum dolor sit amet " * 40 + "\n").encode() * (50 * 2**20 // 1081)
@@ -211,13 +245,17 @@ def main() -> None:
         server.stop()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    load, up, ch, dis, k9 = (results[k] for k in ("load", "upload_50mb", "upload_80mb_chunked", "disconnects", "kill_9"))
+    load, burst, up, ch, dis, k9 = (results[k] for k in ("load", "burst", "upload_50mb", "upload_80mb_chunked",
+                                                          "disconnects", "kill_9"))
     table = [f"`python scripts/serve_load.py --out {args.out}` on {results['cpu']}, {results['date']}; "
              f"server idle RSS {idle:.0f} MB", "",
              "| part | result |", "|---|---|",
              f"| {load['clients']} concurrent clients, {load['sent']} chats | sent {load['sent']}, answered "
              f"{load['answered']}, **lost {load['lost']}**; p50 {load['p50_s']} s, p95 {load['p95_s']} s; most tries "
              f"{load['most_tries']}; RSS after {load['rss_after_mb']:.0f} MB |",
+             f"| {burst['clients']} clients at once, one chat each (openai client, default retries) | sent "
+             f"{burst['sent']}, answered {burst['answered']}, **lost {burst['lost']}**; p50 {burst['p50_s']} s, p95 "
+             f"{burst['p95_s']} s; 503s answered {burst['answered_503']}; RSS after {burst['rss_after_mb']:.0f} MB |",
              f"| 50 MB text body | {up['status']} in {up['seconds']} s; RSS after {up['rss_after_mb']:.0f} MB |",
              f"| 80 MB multipart, chunked | {ch['status']} in {ch['seconds']} s; RSS after {ch['rss_after_mb']:.0f} MB |",
              f"| {dis['count']} clients leaving mid-stream | RSS {dis['rss_before_mb']:.0f} -> {dis['rss_after_mb']:.0f} MB; "

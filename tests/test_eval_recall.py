@@ -135,3 +135,32 @@ def test_run_eval_records_recall(tmp_path):
     by = {c["method"]: c for c in metrics["by_task"]}
     assert by[narrow]["reading_misses"] == 1 and by[narrow]["retrieval_misses"] == 2
     assert by[wide]["reading_misses"] == 3 and by[wide]["recall"] == 1.0
+
+
+def test_explain_accounts_for_every_miss(tmp_path):
+    """``--explain``: each retrieval miss gets the gather's view of its gold strings, and the view agrees
+    with what was gathered: a missed string scores no higher than the last gathered token, would need a
+    larger budget, and what outranks it scores above it. Five 12-character golds cannot all fit a budget
+    with 48 free tokens, so some row misses."""
+    from reform.eval.explain import render
+    filler = "a small boat drifts along the quiet river bank. " * 2
+    golds = [f"CODE-{k}{k}{k}-{i}X" for i, k in enumerate("ABCDE")]
+    context = filler + filler.join(f" {g} here. " for g in golds) + filler
+    rows = [Row(context, "Which codes?", golds, "t", 1, sample=0, max_new_tokens=2)]
+    loaded = LoadedModel(tiny(), CharTokenizer(), "tiny")
+    method = ("reform", dict(heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=64,
+                             gather_keep=8, pool_window=9))
+    run_eval(rows, methods=[method], out_dir=tmp_path, model_name="tiny", loader=lambda: loaded,
+             scorer=lambda row, p: 0.0, plots=False, explain=True)
+    rec = json.loads((tmp_path / "predictions.jsonl").read_text().splitlines()[0])
+    report = rec["explain"]
+    assert rec["recall"] < 1 and report["budget"] == 64 and report["gather_keep"] == 8
+    assert [g["kept"] for g in report["golds"]] == rec["gold_kept"]
+    for g in report["golds"]:
+        assert g["found"] and len(g["heads"]) == 3 and g["query_tokens"]
+        if not g["kept"]:
+            assert g["score"] <= report["threshold"] + 1e-6 and g["budget_needed"] > 64 - 16
+    lowest = min(g["score"] for g in report["golds"] if not g["kept"])
+    assert report["peaks"] and all(p["score"] > lowest for p in report["peaks"])
+    text = (tmp_path / "explain.md").read_text()
+    assert "MISSED" in text and "outranked by" in text and render(rec["id"], rec["question"], report) in text

@@ -11,6 +11,7 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 import uvicorn
 
 from reform.pipeline import Pipeline
@@ -236,7 +237,7 @@ def test_oversize_body_and_context(store):
 
 
 def test_full_queue_answers_503_with_retry_after(store):
-    with LiveServer(make_pipe(), store, queue_size=1) as server:
+    with LiveServer(make_pipe(), store, queue_size=1, settings=Settings(max_waiting=0)) as server:
         release, loop = threading.Event(), asyncio.new_event_loop()
         blocker = lambda: Job(lambda job: release.wait(30), loop, loop.create_future())
         server.worker.put(blocker())                      # the worker takes this one and blocks
@@ -255,6 +256,59 @@ def test_full_queue_answers_503_with_retry_after(store):
             release.set()
         assert chat(server.client(), DOC_CHAT).choices[0].message.content is not None
         loop.close()
+
+
+def test_full_queue_serves_waiting_requests_in_arrival_order(store):
+    """A finding: with the queue full every request got 503 at once, and clients retrying raced each other
+    (one of 32 needed 11 tries). Now requests wait in line for a place and are served first come, first
+    served; only a full line answers 503."""
+    with LiveServer(make_pipe(), store, queue_size=1, settings=Settings(max_waiting=6)) as server:
+        release, loop = threading.Event(), asyncio.new_event_loop()
+        server.worker.put(Job(lambda job: release.wait(30), loop, loop.create_future()))  # holds the model
+        while server.worker.busy_since is None:
+            time.sleep(0.01)
+        client, finished, order = server.client(), [], []
+        question = lambda i: [{"role": "user", "content": f"Question {i}: what is a fox?"}]
+
+        def ask(i):
+            r = chat(client, question(i), max_tokens=3)
+            order.append(i)
+            return r
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = []
+            for i in range(7):            # one takes the queue's place, six wait in line, in this order
+                futures.append(pool.submit(ask, i))
+                deadline = time.time() + 10
+                while server.worker.queued() + len(server.app.state.service.line) < i + 1:
+                    assert time.time() < deadline, "request did not arrive"
+                    time.sleep(0.01)
+            with pytest.raises(openai.APIStatusError) as e:       # the line is full: refused at once
+                chat(client, question(7))
+            assert e.value.status_code == 503 and int(e.value.response.headers["retry-after"]) >= 1
+            metrics = httpx.get(f"{server.url}/metrics").text
+            assert "reform_requests_waiting 6.0" in metrics
+            release.set()
+            answers = [f.result(timeout=60) for f in futures]
+        assert all(a.choices[0].message.content is not None for a in answers)
+        assert order == list(range(7))
+        loop.close()
+
+
+def test_question_alone_is_answered_by_the_model_without_a_context(live):
+    """A finding: a chat whose only message is the question (a chat UI's first message) got 400 "no
+    context". It is the model's own answer: the same tokens as transformers' greedy generate over the chat
+    template of the question alone."""
+    pipe = make_pipe()
+    r = chat(live.client(), [{"role": "user", "content": QUESTION}], max_tokens=8)
+    expected = pipe.without_context().ask(QUESTION, max_new_tokens=8)
+    assert r.choices[0].message.content == expected.text
+    assert r.model_extra["reform"]["context_id"] is None and live.worker.encoded == 0
+    prompt = pipe.templater.prefix + pipe.templater.question(QUESTION, after_context=False).ids
+    with torch.no_grad():
+        out = pipe.engine.model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+    assert expected.tokens == out[0, len(prompt):].tolist()[:len(expected.tokens)]
+    streamed = chat(live.client(), [{"role": "user", "content": QUESTION}], max_tokens=8, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices).strip() == expected.text
 
 
 def test_questions_do_not_wait_behind_an_encode(store):
@@ -357,7 +411,7 @@ def test_a_streamed_chat_waiting_for_its_encode_gets_keep_alive_comments_with_pr
     ({"bogus_field": 1}, 400, "unknown field"),
     ({"model": "gpt-4o"}, 404, "not served here"),
     ({"messages": [{"role": "user", "content": DOC}, {"role": "assistant", "content": "ok"}]}, 400, "last message"),
-    ({"messages": [{"role": "user", "content": QUESTION}]}, 400, "no context"),
+    ({"messages": [{"role": "user", "content": "why? " * WINDOW}]}, 400, "window"),   # a question alone, too long
     ({"messages": []}, 400, "messages"),
     ({"context_id": "0" * 32}, 404, "not found"),
 ])

@@ -36,24 +36,35 @@ def test_the_page_uploads_asks_and_deletes(store_dir, browser):
         browser.get(server.url + "/")
         wait = WebDriverWait(browser, 60)
         wait.until(lambda d: d.find_element(By.ID, "model").text)           # the page read /v1/models
+        # no context chosen yet: the model answers alone
+        assert ask(browser, wait, QUESTION) == make_pipe().without_context().ask(QUESTION, max_new_tokens=10).text
         browser.execute_script("document.getElementById('document').value = arguments[0]", DOC)
         browser.find_element(By.ID, "upload").click()
         wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state") in ("ready", "failed"))
         assert browser.find_element(By.ID, "upload-status").text.startswith("ready")
         rows = browser.find_elements(By.CSS_SELECTOR, "#contexts tbody tr")
         assert len(rows) == 1 and "ready" in rows[0].text
-        browser.find_element(By.ID, "question").send_keys(QUESTION)
-        max_tokens = browser.find_element(By.ID, "max-tokens")
-        max_tokens.clear()
-        max_tokens.send_keys("10")
-        browser.find_element(By.ID, "ask").click()
-        answer = wait.until(lambda d: next((a for a in d.find_elements(By.CSS_SELECTOR, "#log .a")
-                                            if a.get_attribute("data-state") in ("done", "failed")), None))
-        assert answer.get_attribute("data-state") == "done"
-        assert answer.get_attribute("textContent") == expected
+        assert ask(browser, wait, QUESTION) == expected
         browser.find_element(By.XPATH, "//button[text()='delete']").click()
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#contexts tbody tr"))
         assert httpx.get(f"{server.url}/v1/contexts").json()["data"] == []
+
+
+def ask(browser, wait, question: str) -> str:
+    """Ask ``question`` on the page (10 tokens at most); the streamed answer once done."""
+    from selenium.webdriver.common.by import By
+    before = len(browser.find_elements(By.CSS_SELECTOR, "#log .a"))
+    field = browser.find_element(By.ID, "question")
+    field.clear()
+    field.send_keys(question)
+    max_tokens = browser.find_element(By.ID, "max-tokens")
+    max_tokens.clear()
+    max_tokens.send_keys("10")
+    browser.find_element(By.ID, "ask").click()
+    answer = wait.until(lambda d: next((a for a in d.find_elements(By.CSS_SELECTOR, "#log .a")[before:]
+                                        if a.get_attribute("data-state") in ("done", "failed")), None))
+    assert answer.get_attribute("data-state") == "done", answer.get_attribute("textContent")
+    return answer.get_attribute("textContent")
 
 
 @pytest.fixture

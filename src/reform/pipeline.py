@@ -15,6 +15,7 @@ from .engine.core import Engine
 from .engine.layout import Templater, as_tensor
 from .heads import find_preset
 from .methods import REGISTRY, Answer, Context, Method
+from .methods.full import QuestionAlone
 from .methods.options import options_from_json, options_json
 from .methods.saved import restore_parts
 from .model import DEFAULT_MODEL, load_model
@@ -169,6 +170,11 @@ class Pipeline:
         ctx = self.method.encode(self, ids, progress)
         ctx.encode_seconds = time.perf_counter() - t
         return ctx
+
+    def without_context(self) -> Context:
+        """The empty context: asking it is plain generation over the question alone (full attention over
+        a short prompt), the model's own answer to a question that comes with no document."""
+        return Context(self, QuestionAlone(), as_tensor(self.templater.prefix, self.engine.device))
 
     def ask(self, text: str, question: str, **kwargs) -> Answer:
         return self.encode(text).ask(question, **kwargs)

@@ -23,6 +23,9 @@ MaxRowsOpt = typer.Option(None, "--max-rows", min=1, help="run only the first N 
 ForceOpt = typer.Option(False, "--force-over-window", help="run full attention past the model's window "
                         "(otherwise those rows are recorded as skipped)")
 FreshOpt = typer.Option(False, "--fresh", help="discard the predictions already in the output folder")
+ExplainOpt = typer.Option(False, "--explain", help="explain each retrieval miss (a gold string not gathered): "
+                          "its gather score and rank, the question tokens and heads that score it, what outranks "
+                          "it; written to explain.md")
 
 SUITES_HELP = {
     "niah": "Needle in a haystack at several depths and lengths (REFORM §4.1; heat map per method).",
@@ -108,7 +111,7 @@ def load(model: str | None, device: str | None, dtype: str | None):
 
 
 def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, meta: dict, max_rows: int | None,
-             force: bool, fresh: bool):
+             force: bool, fresh: bool, explain: bool = False):
     """Check the methods and the output folder, load the model, build the rows (``rows_for(tokenizer)``),
     run them, then print the results table and where everything was written."""
     from ..engine.core import UnsupportedModelError
@@ -124,13 +127,13 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
         metrics = run_eval(rows[:max_rows] if max_rows else rows, methods=specs, out_dir=out_dir,
                            model=loaded.model, tokenizer=loaded.tokenizer, model_name=loaded.name, progress=err.is_terminal,
                            console=err, resume=not fresh, force_over_window=force,
-                           meta={**meta, "max_rows": max_rows})
+                           meta={**meta, "max_rows": max_rows}, explain=explain)
     show(out_dir / RESULTS, metrics)
 
 
 def show(results: Path, metrics: dict):
     out.print(results.read_text(), markup=False, highlight=False)
-    names = ("predictions.jsonl", "config.json", "metrics.json", "results.md",
+    names = ("predictions.jsonl", "config.json", "metrics.json", "results.md", "explain.md",
              *(Path(p).name for p in metrics.get("plots", ())))
     err.print(f"wrote {results.parent}: {', '.join(n for n in names if (results.parent / n).exists())}",
               markup=False, highlight=False)
@@ -148,7 +151,7 @@ def suite_command(suite: str):
                 haystack: Optional[Path] = typer.Option(None, "--haystack", help="folder of .txt files to use as "
                                                         "the natural-text haystack"),
                 out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-                force: bool = ForceOpt, fresh: bool = FreshOpt,
+                force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt,
                 model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
         from ..eval.specs import parse_lengths
         try:
@@ -166,7 +169,7 @@ def suite_command(suite: str):
             meta = {"suite": suite, "tasks": task_list, "lengths": length_list, "samples": samples, "seed": seed,
                     "depths": depth_list, "haystack": str(haystack) if haystack else None}
             evaluate(methods, out_dir or Path(f"runs/eval-{suite}"), model, device, dtype, rows_for=rows_for,
-                     meta=meta, max_rows=max_rows, force=force, fresh=fresh)
+                     meta=meta, max_rows=max_rows, force=force, fresh=fresh, explain=explain)
         except CliError as e:
             fail(e)
 
@@ -190,7 +193,7 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
           max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
                                                        help="override the rows' answer length"),
           out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-          force: bool = ForceOpt, fresh: bool = FreshOpt,
+          force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt,
           model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Run every row of FILE (each line validated first) through the methods."""
     from ..eval.jsonl import read_rows
@@ -198,7 +201,8 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
         with refused():
             rows = read_rows(file, question_split=question_split, task=task, max_new_tokens=max_new_tokens)
         evaluate(methods, out_dir or Path(f"runs/eval-{file.stem}"), model, device, dtype, rows_for=lambda _: rows,
-                 meta={"suite": "jsonl", "source": str(file)}, max_rows=max_rows, force=force, fresh=fresh)
+                 meta={"suite": "jsonl", "source": str(file)}, max_rows=max_rows, force=force, fresh=fresh,
+                 explain=explain)
     except CliError as e:
         fail(e)
 

@@ -22,7 +22,9 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                                        "least recently used contexts go first"),
           api_key: Optional[str] = typer.Option(None, "--api-key", envvar="REFORM_API_KEY",
                                                 help="require 'Authorization: Bearer KEY' (or set REFORM_API_KEY)"),
-          queue_size: int = typer.Option(16, "--queue-size", min=1, help="requests that may wait; more get 503"),
+          queue_size: int = typer.Option(16, "--queue-size", min=1, help="jobs queued for the model"),
+          max_waiting: int = typer.Option(256, "--max-waiting", min=0, help="requests that wait in line (first "
+                                          "come, first served) while the queue is full; more get 503"),
           memory_contexts: int = typer.Option(4, "--memory-contexts", min=1, help="recently used contexts "
                                               "kept loaded in memory"),
           max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="largest request body (413 above)"),
@@ -67,7 +69,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         load = load.load()
         settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
-                            default_max_tokens=max_tokens, allowed_origins=origins)
+                            default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting)
         options = {"store_max_bytes": None if store_max_gb is None else int(store_max_gb * 2**30),
                    "queue_size": queue_size, "memory_contexts": memory_contexts}
         if ray:

@@ -91,16 +91,19 @@ class Templater:
         """Token ids to encode: template prefix + context."""
         return self.prefix + self.encode(text)
 
-    def question(self, question: str, answer_prefix: str = "") -> QuestionPart:
+    def question(self, question: str, answer_prefix: str = "", after_context: bool = True) -> QuestionPart:
+        """The question's ids after the context (``after_context`` False: the question is the whole
+        prompt, so nothing separates it from a context)."""
         words = question
         for special in self.special_strings:
             words = words.replace(special, "")
         if not words.strip():
             raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
         if self.plain:      # "...context\n\nQuestion: QUESTION\nAnswer: PREFIX"
-            return QuestionPart(self.template_ids(PLAIN_QUESTION), self.encode(" " + question.strip()),
+            label = PLAIN_QUESTION if after_context else PLAIN_QUESTION.lstrip()
+            return QuestionPart(self.template_ids(label), self.encode(" " + question.strip()),
                                 self.template_ids(self.tail) + self.encode(" " + answer_prefix if answer_prefix else ""))
-        return QuestionPart(self.template_ids(SEPARATOR), self.encode(question),
+        return QuestionPart(self.template_ids(SEPARATOR if after_context else ""), self.encode(question),
                             self.template_ids(self.tail) + self.encode(answer_prefix))
 
     def eos_ids(self, model) -> list[int]:

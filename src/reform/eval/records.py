@@ -12,6 +12,7 @@ from .rows import Row
 from .specs import MethodSpec
 
 PREDICTIONS, CONFIG, METRICS, RESULTS = "predictions.jsonl", "config.json", "metrics.json", "results.md"
+EXPLAIN = "explain.md"          # the retrieval misses of a run with --explain, one screen each
 STAGES = ("encode", "gather", "recompute", "generate")
 
 

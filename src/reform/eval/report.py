@@ -12,7 +12,7 @@ from typing import Iterable
 from ..outputs import write_atomic
 from .intervals import interval
 from .recall import miss_kind
-from .records import CONFIG, METRICS, PREDICTIONS, RESULTS, STAGES, current_records, read_predictions
+from .records import CONFIG, EXPLAIN, METRICS, PREDICTIONS, RESULTS, STAGES, current_records, read_predictions
 from .specs import format_length
 
 
@@ -235,6 +235,12 @@ def write_report(out_dir: str | Path, plots: bool = True) -> dict:
     metrics["model"] = config.get("model", "")
     write_atomic(out / METRICS, json.dumps(metrics, indent=1))
     write_atomic(out / RESULTS, markdown(metrics, metrics["model"]))
+    explained = [r for r in records if r.get("explain")]
+    if explained:
+        from .explain import render
+        write_atomic(out / EXPLAIN, "# Retrieval misses, explained\n\n" + "\n\n".join(
+            f"{render(r['id'], r['question'], r['explain'])}\n(method {r['method']}; answer {r['prediction']!r}, "
+            f"score {r['score']})" for r in explained) + "\n")
     metrics["plots"] = []
     if plots:
         from .plots import draw_all

@@ -51,9 +51,11 @@ def encode(pipe, text: str, force_over_window: bool, progress: "RowProgress"):
 
 
 def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowProgress | None" = None,
-                 first_question: str | None = None) -> Iterator[tuple[Row, str, dict]]:
+                 first_question: str | None = None, explain: bool = False) -> Iterator[tuple[Row, str, dict]]:
     """Encode the rows' shared context once and ask every row's question: yields (row, status, record
-    fields). ``first_question``: encode the context with it appended (query-aware compression)."""
+    fields). ``first_question``: encode the context with it appended (query-aware compression).
+    ``explain``: a row whose gold strings were not all gathered gets the gather's view of them
+    (``reform.eval.explain``) under ``explain``, for methods that gather by score."""
     from ..methods.full import PastWindowWarning
     text = rows[0].context + (f"\n\n{first_question}" if first_question else "")
     try:
@@ -76,9 +78,14 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
             context_text = pipe.tokenizer.decode(ctx.ids.tolist())
         flags = gold_kept(pipe.tokenizer, ctx.ids, ans.kept, evidence(row), context_text)
         stats = {**ans.stats, "encode_shared_by": len(rows)}
-        yield row, "ok", {"prediction": ans.text, "context_tokens": int(ctx.ids.shape[0]),
-                          "input_tokens": ans.input_tokens, "stats": stats, "recall": recall(flags),
-                          "gold_kept": flags, "kept_tokens": None if ans.kept is None else int(ans.kept.numel())}
+        record = {"prediction": ans.text, "context_tokens": int(ctx.ids.shape[0]), "input_tokens": ans.input_tokens,
+                  "stats": stats, "recall": recall(flags), "gold_kept": flags,
+                  "kept_tokens": None if ans.kept is None else int(ans.kept.numel())}
+        if explain and record["recall"] is not None and record["recall"] < 1 and hasattr(ctx.method, "scores"):
+            from .explain import explain as explain_miss
+            part = pipe.templater.question(row.question, row.answer_prefix)
+            record["explain"] = explain_miss(ctx, part, evidence(row), ans.kept)
+        yield row, "ok", record
 
 
 def resolved_options(method) -> dict | None:
@@ -167,13 +174,15 @@ def pending(rows: list[Row], hashes: dict[str, str], done: set) -> dict[str, set
 def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_name: str, model=None,
              tokenizer=None, loader: Callable | None = None, scorer: Callable[[Row, str], float] | None = None,
              progress: bool = False, console=None, resume: bool = True, force_over_window: bool = False,
-             use_chat_template: bool = True, meta: dict | None = None, plots: bool = True) -> dict:
+             use_chat_template: bool = True, meta: dict | None = None, plots: bool = True,
+             explain: bool = False) -> dict:
     """Answer ``rows`` with every method and write the results to ``out_dir``; returns the metrics.
 
     ``methods``: names, ``"name:option=value"`` strings, ``(name, options)`` tuples or dicts. Give a loaded
     ``model`` + ``tokenizer``, or a ``loader()`` returning an object with ``.model`` and ``.tokenizer``
     (called only if some row is left to run). ``scorer(row, prediction)`` -> score in [0, 1].
-    ``meta`` (suite, lengths, samples, seed, ...) goes into ``config.json``."""
+    ``meta`` (suite, lengths, samples, seed, ...) goes into ``config.json``. ``explain``: each retrieval
+    miss gets an explanation (``answer_group``), collected in ``explain.md``."""
     from ..pipeline import Pipeline
 
     specs = method_specs(methods)
@@ -217,7 +226,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                         continue
                     bar.describe(f"{spec.label} · {format_length(group_todo[0].length)}")
                     answers = answer_group(pipes[spec.label], group_todo, force_over_window, bar,
-                                           group[0].question if spec.query_aware else None)
+                                           group[0].question if spec.query_aware else None, explain)
                     for row, status, extra in answers:
                         if status == "ok":
                             extra["score"] = float(scorer(row, extra["prediction"]))

@@ -92,7 +92,8 @@ class Context:
         if on_text is not None and not callable(on_text):
             raise TypeError(f"on_text must be a function that takes the new text, got {on_text!r}")
         sampling = Sampling(temperature, top_p, seed, stop)
-        part = self.pipeline.templater.question(question, answer_prefix)
+        templater = self.pipeline.templater
+        part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix))
         return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling,
                                   fit_window=fit_window)
 

@@ -68,3 +68,11 @@ class Full(Method):
         positions = ctx.ids.shape[0] + len(part.ids) + max_new_tokens
         with ctx.pipeline.engine.past_window(positions):
             return super().answer(ctx, part, max_new_tokens=max_new_tokens, **kwargs)
+
+
+class QuestionAlone(Method):
+    """The model alone over a prompt that holds no context (``Pipeline.without_context``): the prompt is
+    the question, computed in full, and unlike ``Full`` never past the model's window (not registered:
+    nothing to encode)."""
+
+    name = "full"

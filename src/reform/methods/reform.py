@@ -212,6 +212,10 @@ class Reform(Method):
 
     def similarities(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """Every context token's cosine to the question tokens (max over them), before pooling."""
+        return token_scores(ctx.state.data, self.query_embeddings(ctx, part))
+
+    def query_embeddings(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
+        """The question tokens' retrieval embeddings ``[Q, E]``, computed on top of the compressed cache."""
         c, engine = self.config, ctx.pipeline.engine
         if ctx.cache.length + len(part.ids) > engine.shape.window:
             raise ValueError(f"the question ({len(part.ids)} tokens) does not fit the window next to the "
@@ -222,4 +226,4 @@ class Reform(Method):
         query = q_emb.data[part.query_span]
         if query.shape[0] == 0:
             raise ValueError("the question has no tokens to search with")
-        return token_scores(ctx.state.data, query)
+        return query

@@ -13,13 +13,15 @@ balancer or Ray Serve, which replica it was).
 
 Every error is one JSON object in OpenAI's error shape with a fitting status: 400 bad request, 401
 without the API key, 404 unknown model, context or endpoint, 405 wrong method, 413 too large, 503 (with
-``Retry-After``) when the queue is full, 504 past the per-request timeout. Talks to the model only through
+``Retry-After``) when the queue and the line of requests waiting for it are full, 504 past the per-request
+timeout. A chat whose only message is the question is answered by the model without a context. Talks to the model only through
 ``Worker``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import hmac
@@ -31,6 +33,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +62,7 @@ class Settings:
     default_max_tokens: int = 512
     model_id: str | None = None             # the name /v1/models lists (default: the pipeline's model name)
     allowed_origins: tuple[str, ...] = ()   # CORS: web origins whose pages may call the API ("*": any)
+    max_waiting: int = 256                  # requests waiting in line for a queue place; 503 beyond
 
 
 class Keys:
@@ -123,7 +127,8 @@ class Service:
         self.served_names = (self.model_id, self.pipe.model_name, self.pipe.source, "reform")  # a request's "model"
         self.history_limit = self.pipe.engine.shape.window // 8   # tokens of later turns riding with a question
         self.name = f"{socket.gethostname()}/{os.getpid()}"
-        self.metrics = Metrics(worker)
+        self.line = Line(settings.max_waiting)
+        self.metrics = Metrics(worker, self.line)
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
 
@@ -157,13 +162,18 @@ class Service:
         return self.worker.store.has(key)
 
     def busy(self) -> ApiError:
-        wait = min(600, max(1, math.ceil(self.worker.expected_wait())))      # when a place is likely free
+        # when a place is likely free: the queue's expected wait, plus the line's share of jobs before it
+        line_wait = len(self.line) * self.worker.job_seconds
+        wait = min(600, max(1, math.ceil(self.worker.expected_wait() + line_wait)))
         return ApiError(503, f"the server is busy: too many requests are waiting; retry in about {wait} s",
                         type="server_error", code="queue_full", headers={"Retry-After": str(wait)})
 
-    def submit(self, fn, *, stream: bool = False, key: str | None = None):
+    async def enqueue(self, put, still_wanted):
+        """``put()``'s result once the worker's queue takes it (``put`` raises ``QueueFull`` while the queue is
+        full): a request that finds it full waits in ``line`` for a place instead of being refused, and 503
+        (``busy``) comes only when the line is full too."""
         try:
-            return self.worker.submit(fn, stream=stream, key=key)
+            return await self.line.join(put, still_wanted)
         except QueueFull:
             raise self.busy() from None
 
@@ -173,20 +183,18 @@ class Service:
             raise ApiError(404, f"context {key} not found", code="context_not_found")
         return s
 
-    async def plan(self, conv: Conversation, context_id: str | None) -> tuple[str, str | None, str]:
+    async def plan(self, conv: Conversation, context_id: str | None) -> tuple[str | None, str | None, str]:
         """``(context key, context text (None for an uploaded context_id), question)``: the longest stored
         prefix of the earlier messages whose later turns fit beside the question, else all earlier messages
-        (encoded once)."""
+        (encoded once); no earlier messages: ``(None, None, question)``, asked without a context."""
         earlier, worker = conv.earlier, self.worker
         if context_id is not None:
             if not worker.store.valid_key(context_id) or not (worker.has(context_id)
                                                                 or await self.stored_elsewhere(context_id)):
                 raise ApiError(404, f"context {context_id} not found", param="context_id", code="context_not_found")
             return context_id, None, await self.fit_history(earlier, conv.question)
-        if not earlier:
-            raise ApiError(400, "no context: send the document as an earlier message (e.g. a system or user "
-                                "message before the question) or name an uploaded one with context_id",
-                           param="messages")
+        if not earlier:         # a question alone (a chat UI's first message): the model answers it
+            return None, None, conv.question
         for j in range(len(earlier), 0, -1):
             later = earlier[j:]
             if later and await run_in_threadpool(self.keys.tokens, context_text(later)) > self.history_limit:
@@ -229,6 +237,58 @@ def outcome(job):
     return job.future.result()
 
 
+async def still_wanted(request: Request, deadline: float, timeout: float) -> None:
+    """Raise ``Cancelled`` once the client has left, a 504 once the request is past its deadline."""
+    if await request.is_disconnected():
+        raise Cancelled()
+    if asyncio.get_running_loop().time() > deadline:
+        raise ApiError(504, f"the request took longer than {timeout:.0f} s", type="server_error", code="timeout")
+
+
+class Line:
+    """Requests that found the worker's queue full, each waiting for a place in arrival order: only the
+    first in line may take a freed place, so no later request (or a client retrying at a lucky moment)
+    overtakes one that waits, and every client is served first come, first served. ``size`` requests
+    at most wait; one more is refused (``QueueFull``)."""
+
+    POLL_S = 0.05        # how often the first in line looks for a place (the queue frees them on another thread)
+
+    def __init__(self, size: int):
+        self.size, self.waiting = size, deque()
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    async def join(self, put, still_wanted):
+        """``put()``'s result, at once when nobody waits and the queue has room, else when this request's
+        turn comes; ``still_wanted()`` raises to leave the line (the client left, the deadline passed)."""
+        if not self.waiting:
+            try:
+                return put()
+            except QueueFull:
+                pass
+        if len(self.waiting) >= self.size:
+            raise QueueFull()
+        turn = asyncio.Event()
+        self.waiting.append(turn)
+        try:
+            while True:
+                if self.waiting[0] is turn:
+                    try:
+                        return put()
+                    except QueueFull:
+                        await asyncio.sleep(self.POLL_S)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(turn.wait(), 0.5)
+                await still_wanted()
+        finally:
+            first = self.waiting[0] is turn
+            self.waiting.remove(turn)
+            if first and self.waiting:
+                self.waiting[0].set()
+
+
 class Waiting:
     """One request waiting on its job: cancels the job once the client has left or the time is up."""
 
@@ -236,13 +296,11 @@ class Waiting:
         self.job, self.request, self.deadline, self.timeout = job, request, deadline, timeout
 
     async def still_wanted(self) -> None:
-        if await self.request.is_disconnected():
+        try:
+            await still_wanted(self.request, self.deadline, self.timeout)
+        except BaseException:
             self.job.cancel.set()
-            raise Cancelled()
-        if asyncio.get_running_loop().time() > self.deadline:
-            self.job.cancel.set()
-            raise ApiError(504, f"the request took longer than {self.timeout:.0f} s", type="server_error",
-                           code="timeout")
+            raise
 
     async def result(self):
         """The job's result."""
@@ -425,32 +483,37 @@ async def chat(request: Request):
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     key, text, question = await service.plan(Conversation.of(req.messages), req.context_id)
+    tokens = 0 if text is None else (await service.key_of(text))[1]
     asked = req.max_new_tokens()     # unset: up to the default, fewer where the window has less room
 
     def work(job):
-        ctx, encoded = worker.context(key, text, job)
+        ctx, encoded = worker.context(key, text, job) if key is not None else (service.pipe.without_context(), False)
         answer = ctx.ask(question, max_new_tokens=asked or settings.default_max_tokens, fit_window=asked is None,
                          on_text=lambda s: job.emit(("text", s)), **req.sampling())
         return answer, encoded or started_encode
 
-    started_encode = False
-    if text is not None and not worker.has(key) and not service.encoding_elsewhere(key):
-        # the encode runs as a job of its own, so that it outlives this request if its client leaves and
-        # another chat (or the same client, retrying) wants the same text (``Worker.upload``)
-        try:
-            worker.upload(key, text, (await service.key_of(text))[1], for_chat=True)
-        except QueueFull:
-            raise service.busy() from None
-        started_encode = True
-    worker.wait_for(key, True)
-    stopped = []
+    started_encode, watched = False, []
+
+    def put():
+        nonlocal started_encode
+        if text is not None and not worker.has(key) and not service.encoding_elsewhere(key):
+            # the encode runs as a job of its own, so that it outlives this request if its client leaves and
+            # another chat (or the same client, retrying) wants the same text (``Worker.upload``)
+            worker.upload(key, text, tokens, for_chat=True)
+            started_encode = True
+        if key is not None and not watched and (encode := worker.watch(key)) is not None:
+            watched.append(encode)
+        # with key: may answer during another's encode (as may a question without a context)
+        return worker.submit(work, stream=req.stream, key=key, no_context=key is None)
 
     def done_waiting() -> None:      # once per request, whichever way it ends
-        if not stopped:
-            stopped.append(True)
-            worker.wait_for(key, False)
+        while watched:
+            worker.unwatch(watched.pop())
     try:
-        job = service.submit(work, stream=req.stream, key=key)   # with key: may answer during another's encode
+        job = await service.enqueue(put, lambda: still_wanted(request, deadline, settings.request_timeout))
+    except Cancelled:
+        done_waiting()
+        return JSONResponse({}, status_code=499)
     except BaseException:
         done_waiting()
         raise
@@ -482,7 +545,9 @@ async def chat(request: Request):
 @router.post("/v1/contexts")
 async def create_context(request: Request):
     service = service_of(request)
-    text = await upload_text(request, service.settings.max_body_bytes)
+    settings = service.settings
+    deadline = asyncio.get_running_loop().time() + settings.request_timeout
+    text = await upload_text(request, settings.max_body_bytes)
     key, n = await service.key_of(text)
     if service.worker.has(key) or service.encoding_elsewhere(key):   # (another replica's encode is not repeated)
         s = service.status_of(key)
@@ -490,9 +555,10 @@ async def create_context(request: Request):
             return JSONResponse(s.to_json(), status_code=200 if s.status == "ready" else 202)
         service.worker.forget(key)       # failed, or its file unreadable: replaced by a fresh encode
     try:
-        service.worker.upload(key, text, n)
-    except QueueFull:
-        raise service.busy() from None
+        await service.enqueue(lambda: service.worker.upload(key, text, n),
+                              lambda: still_wanted(request, deadline, settings.request_timeout))
+    except Cancelled:
+        return JSONResponse({}, status_code=499)
     return JSONResponse(service.status_of(key).to_json(), status_code=202)
 
 

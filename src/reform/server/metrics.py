@@ -11,12 +11,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 class WorkerCollector:
     """Reads the worker's state when scraped (nothing to keep in step)."""
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, worker, line):
+        self.worker, self.line = worker, line
 
     def collect(self):
         w = self.worker
         yield GaugeMetricFamily("reform_queue_depth", "jobs waiting for the model thread", value=w.queued())
+        yield GaugeMetricFamily("reform_requests_waiting", "requests waiting in line for a place in the queue",
+                                value=len(self.line))
         yield GaugeMetricFamily("reform_busy", "1 while the model thread runs a job", value=int(w.busy_since is not None))
         yield GaugeMetricFamily("reform_expected_wait_seconds", "expected wait of a job queued now",
                                 value=w.expected_wait())
@@ -36,10 +38,10 @@ class WorkerCollector:
 
 
 class Metrics:
-    def __init__(self, worker):
+    def __init__(self, worker, line):
         self.registry = CollectorRegistry()
         self.requests = Counter("reform_requests", "HTTP requests answered, by route and status",
                                 ["path", "status"], registry=self.registry)
         self.in_flight = Gauge("reform_requests_in_flight", "HTTP requests being answered", registry=self.registry)
         self.streams = Gauge("reform_active_streams", "streamed chat completions open", registry=self.registry)
-        self.registry.register(WorkerCollector(worker))
+        self.registry.register(WorkerCollector(worker, line))

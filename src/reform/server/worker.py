@@ -66,6 +66,7 @@ class Job:
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     key: str | None = None        # the context a question reads: it may run between an encode's chunks
+    no_context: bool = False      # a question asked without a context: it may run between them too
     # an encode queued for chats (not an upload): it runs while a chat waits for it, and for
     # ``ABANDONED_GRACE_S`` after the last one left (a client retrying finds it in progress), then stops
     for_chats: bool = False
@@ -155,10 +156,12 @@ class Worker:
         self.thread.start()
 
     # ------------------------------------------------------------------ queue
-    def submit(self, fn: Callable[[Job], Any], *, stream: bool = False, key: str | None = None) -> Job:
-        """Queue ``fn``; ``key``: the context it reads, when it may answer between an encode's chunks."""
+    def submit(self, fn: Callable[[Job], Any], *, stream: bool = False, key: str | None = None,
+               no_context: bool = False) -> Job:
+        """Queue ``fn``; ``key``: the context it reads, when it may answer between an encode's chunks (as may
+        a question with ``no_context``)."""
         loop = asyncio.get_running_loop()
-        job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None, key=key)
+        job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None, key=key, no_context=no_context)
         # a job whose client left resolves with nobody awaiting it: mark its exception seen (no asyncio
         # "Future exception was never retrieved" traceback per disconnect)
         job.future.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -224,10 +227,11 @@ class Worker:
     def _answer_waiting(self) -> None:
         """Between two chunks of an encode: run the queued questions whose context is at hand."""
         with self.arrived:
-            waiting = [j for j in self.pending if j is not None and j.key is not None and j.key != self.encoding]
+            waiting = [j for j in self.pending if j is not None and (j.no_context or j.key is not None
+                                                                     and j.key != self.encoding)]
         for job in waiting:
             with self.lock:
-                at_hand = job.key in self.loaded
+                at_hand = job.no_context or job.key in self.loaded
             try:
                 at_hand = at_hand or self.store.has(job.key)
             except Exception:       # a store that fails to answer must not fail the encode: ask again later
@@ -324,7 +328,7 @@ class Worker:
         """Queue the encode of an uploaded context: its status reads "queued" here and, through the store's
         note, in every process sharing the store. ``QueueFull`` when the queue is full (nothing recorded).
         ``for_chat``: the encode a chat needs, which lives on after the chat's client leaves only while
-        another chat waits for it or for ``ABANDONED_GRACE_S`` (see ``wait_for``); an upload of the same
+        another chat waits for it or for ``ABANDONED_GRACE_S`` (see ``watch``); an upload of the same
         text makes it an upload (kept whatever the chats do)."""
         if (job := self.uploads.get(key)) is not None:
             job.for_chats = job.for_chats and for_chat
@@ -349,11 +353,19 @@ class Worker:
         job.future.add_done_callback(lambda f: (self.uploads.pop(key, None), f.exception()))
         return job
 
-    def wait_for(self, key: str, waiting: bool) -> None:
-        """A chat starts (``waiting``) or stops waiting for ``key``'s queued encode (event-loop side)."""
+    def watch(self, key: str) -> Job | None:
+        """A chat starts waiting for ``key``'s queued encode (event-loop side); the encode's job, if one
+        runs, to hand to ``unwatch`` once the chat stops waiting."""
         if (job := self.uploads.get(key)) is not None:
-            job.waiting += 1 if waiting else -1
-            job.left_at = None if job.waiting > 0 else time.monotonic()
+            job.waiting += 1
+            job.left_at = None
+        return job
+
+    @staticmethod
+    def unwatch(job: Job) -> None:
+        job.waiting -= 1
+        if job.waiting <= 0:
+            job.left_at = time.monotonic()
 
     def forget(self, key: str) -> bool:
         """Remove ``key`` from memory, the store and the status table, cancelling an upload's encode; True

@@ -4,6 +4,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 let chosen = null;
+const NONE_CHOSEN = "none (the model answers alone)";
 
 function headers(json = true) {
   const h = json ? {"Content-Type": "application/json"} : {};
@@ -27,7 +28,6 @@ function size(bytes) {
 function choose(id) {
   chosen = id;
   $("chosen").textContent = id;
-  $("ask").disabled = false;
   for (const tr of document.querySelectorAll("#contexts tbody tr")) tr.classList.toggle("chosen", tr.dataset.id === id);
 }
 
@@ -48,7 +48,7 @@ async function refresh() {
     del.textContent = "delete";
     del.onclick = async () => {
       await api("/v1/contexts/" + c.id, {method: "DELETE"}).catch((e) => alert(e.message));
-      if (chosen === c.id) { chosen = null; $("chosen").textContent = "none chosen"; $("ask").disabled = true; }
+      if (chosen === c.id) { chosen = null; $("chosen").textContent = NONE_CHOSEN; }
       refresh();
     };
     td.append(use, " ", del);
@@ -87,7 +87,7 @@ async function upload() {
 
 async function ask() {
   const question = $("question").value.trim();
-  if (!question || !chosen) return;
+  if (!question) return;
   const q = document.createElement("div"); q.className = "q"; q.textContent = question;
   const a = document.createElement("div"); a.className = "a";
   $("log").append(q, a);
@@ -95,7 +95,8 @@ async function ask() {
   a.dataset.state = "streaming";
   try {
     const r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify({
-      model: "reform", context_id: chosen, stream: true, max_tokens: Number($("max-tokens").value) || 256,
+      model: "reform", ...(chosen ? {context_id: chosen} : {}), stream: true,   // none: the model alone
+      max_tokens: Number($("max-tokens").value) || 256,
       messages: [{role: "user", content: question}]})});
     if (!r.ok) {
       const body = await r.json().catch(() => ({}));

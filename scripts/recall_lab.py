@@ -1,0 +1,124 @@
+"""Gather recall of REFORM's selection variants on saved contexts: encode each RULER-style row once, then
+measure which gold strings every gather variant brings to the recompute (no answers generated, so a
+variant costs seconds, not an encode).
+
+    python scripts/recall_lab.py encode --contexts /tmp/lab --lengths 64k,128k --tasks niah_multikey_3,vt --samples 5
+    python scripts/recall_lab.py measure --contexts /tmp/lab --out docs/results/recall-lab [--variants paper,rounds2]
+
+``encode`` saves one ``.reform`` file per row (resumable: a row already saved is skipped) beside a JSON
+line describing the row (task, length, sample, question, gold strings); ``measure`` loads each, gathers
+with every variant (``reform.methods.gather``), and writes recall per variant and per task to
+``OUT/recall.jsonl`` and ``OUT/recall.md``, with an explanation of each miss of the paper's gather
+(``reform.eval.explain``) in ``OUT/explain.md``. Rows are ``reform eval ruler``'s (same seed, same rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from reform.eval.explain import explain, render
+from reform.eval.intervals import interval
+from reform.eval.recall import evidence, gold_kept, recall
+from reform.eval.specs import format_length, parse_lengths
+from reform.eval.tasks import make_rows
+from reform.machine import cpu_name
+from reform.pipeline import Pipeline
+
+
+def encode(args) -> None:
+    pipe = Pipeline.load(args.model)
+    folder = Path(args.contexts)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = make_rows("ruler", pipe.tokenizer, parse_lengths(args.lengths), args.samples, seed=args.seed,
+                     tasks=args.tasks.split(","))
+    for row in rows:
+        name = row.id.replace("/", "_")
+        if (folder / f"{name}.reform").exists():
+            continue
+        t = time.perf_counter()
+        ctx = pipe.encode(row.context)
+        seconds = time.perf_counter() - t
+        ctx.save(folder / f"{name}.reform")
+        meta = {"id": row.id, "file": f"{name}.reform", "task": row.task, "length": row.length, "sample": row.sample,
+                "question": row.question, "answer_prefix": row.answer_prefix, "golds": evidence(row),
+                "encode_s": round(seconds, 1), "tokens": int(ctx.ids.shape[0]), "cpu": cpu_name()}
+        with open(folder / "rows.jsonl", "a") as f:
+            f.write(json.dumps(meta) + "\n")
+        print(json.dumps({k: meta[k] for k in ("id", "encode_s", "tokens")}), flush=True)
+
+
+def measure(args) -> None:
+    from reform.methods.gather import VARIANTS
+    pipe = Pipeline.load(args.model)
+    folder, out = Path(args.contexts), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    metas = [json.loads(line) for line in open(folder / "rows.jsonl")]
+    records, screens = [], []
+    for meta in metas:
+        ctx = pipe.load_context(folder / meta["file"])
+        part = pipe.templater.question(meta["question"], meta["answer_prefix"])
+        text = pipe.tokenizer.decode(ctx.ids.tolist())
+        for name in variants:
+            t = time.perf_counter()
+            with torch.inference_mode():
+                kept = VARIANTS[name](ctx, part)
+            seconds = time.perf_counter() - t
+            flags = gold_kept(pipe.tokenizer, ctx.ids, kept, meta["golds"], text)
+            records.append({"id": meta["id"], "task": meta["task"], "length": meta["length"], "variant": name,
+                            "recall": recall(flags), "gold_kept": flags, "gather_s": round(seconds, 3)})
+            if name == "paper" and recall(flags) is not None and recall(flags) < 1:
+                with torch.inference_mode():
+                    screens.append(render(meta["id"], meta["question"], explain(ctx, part, meta["golds"], kept)))
+        print(json.dumps([r for r in records if r["id"] == meta["id"]]), flush=True)
+    (out / "recall.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out / "explain.md").write_text("# Misses of the paper's gather, explained\n\n" + "\n\n".join(screens) + "\n")
+    (out / "recall.md").write_text(table(records, variants, args))
+    print((out / "recall.md").read_text())
+
+
+def table(records: list[dict], variants: list[str], args) -> str:
+    """Gold recall per task and length for every variant: mean over the gold strings, with a 95 % interval
+    (Wilson over strings), and the mean gather time."""
+    lines = [f"`python scripts/recall_lab.py measure --contexts {args.contexts} --out {args.out}` on {cpu_name()}", "",
+             "| task | length | rows | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]
+    keys = sorted({(r["task"], r["length"]) for r in records})
+    for task, length in keys + [("**all**", None)]:
+        cells = []
+        for v in variants:
+            mine = [r for r in records if r["variant"] == v and (length is None or (r["task"], r["length"]) == (task, length))]
+            flags = [f for r in mine for f in r["gold_kept"] if f is not None]
+            lo, hi = interval([float(f) for f in flags], binary=True)
+            cells.append(f"{100 * sum(flags) / max(1, len(flags)):.1f} [{100 * lo:.0f}–{100 * hi:.0f}] "
+                         f"({sum(flags)}/{len(flags)})")
+        n = len({r["id"] for r in records if length is None or (r["task"], r["length"]) == (task, length)})
+        lines.append(f"| {task} | {format_length(length) if length else 'all'} | {n} | " + " | ".join(cells) + " |")
+    times = {v: [r["gather_s"] for r in records if r["variant"] == v] for v in variants}
+    lines += ["", "Gather time per question (s, mean): " + ", ".join(f"{v} {sum(t) / len(t):.2f}" for v, t in times.items() if t)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=["encode", "measure"])
+    ap.add_argument("--contexts", required=True, help="folder of saved contexts (and rows.jsonl)")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--lengths", default="64k")
+    ap.add_argument("--tasks", default="niah_multikey_3,vt")
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default=None, help="comma-separated (default: all)")
+    args = ap.parse_args()
+    if args.step == "measure" and not args.out:
+        ap.error("measure needs --out")
+    (encode if args.step == "encode" else measure)(args)
+
+
+if __name__ == "__main__":
+    main()
