@@ -46,3 +46,37 @@ def test_gather_keeps_first_last_and_pooled_top_budget():
 
 def test_gather_takes_everything_when_budget_covers_input():
     assert gather_indices(torch.rand(300), 300, 256, 256).tolist() == list(range(300))
+
+
+def test_aligned_scores_reward_pieces_in_the_question_order():
+    """A key whose pieces each occur elsewhere too scores highest only where they follow each other as in
+    the question (``reform.methods.gather``)."""
+    from reform.methods.gather import aligned_scores
+    n, q, run = 40, 6, 4
+    sim = torch.zeros(n, q)
+    for k in range(q):                       # the asked key, in order, at tokens 20..25
+        sim[20 + k, k] = 1.0
+    for t in range(0, 12):                   # the same pieces scattered out of order at tokens 0..11
+        sim[t, (5 * t) % q] = 1.0
+    scores = aligned_scores(sim, run)
+    assert scores.shape == (n,)
+    assert torch.all(scores[20:26] == 1.0) and scores[:12].max() <= 0.5
+    assert torch.equal(sim.amax(dim=1)[:12], torch.ones(12))     # the paper's max cannot tell them apart
+
+
+def test_gather_variants_keep_the_budget_and_the_ends():
+    import sys
+    sys.path.insert(0, "tests")
+    from conftest import CharTokenizer, tiny
+    from reform.methods.gather import VARIANTS
+    from reform.pipeline import Pipeline
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
+                    recompute_budget=100, gather_keep=8, pool_window=9)
+    ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 6 + "VAR KWY = VAR QXZ. The sky is blue. " * 6)
+    part = pipe.templater.question("Which variables hold 4711?")
+    n = ctx.ids.shape[0]
+    for name, variant in VARIANTS.items():
+        kept = variant(ctx, part)
+        assert kept.numel() == 100 and torch.equal(kept, torch.sort(torch.unique(kept)).values), name
+        assert set(range(8)) | set(range(n - 8, n)) <= set(kept.tolist()), name
+    assert torch.equal(VARIANTS["paper"](ctx, part), ctx.method.select(ctx, part, None))

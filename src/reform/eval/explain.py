@@ -14,8 +14,9 @@ kept. For a missed one this says:
 - **what outranks it**: the best-scoring windows above it (their text, depth, the question token that
   scores them, and whether they hold another gold string).
 
-Works for every method with gather scores (``scores(ctx, part)``); the question-token and per-head lines
-need REFORM's retrieval embeddings (``query_embeddings``).
+Works for every method with gather scores (``scores(ctx, part)``: REFORM, REFORM+RAG, ILRe); the
+question-token, per-head and outranking lines need REFORM's retrieval embeddings (``query_embeddings``;
+for REFORM+RAG they show its REFORM half).
 """
 
 from __future__ import annotations
@@ -54,15 +55,17 @@ def explain(ctx, part, golds: Sequence[str], kept: torch.Tensor) -> dict:
     (``kept``: the indices the method gathered). JSON-ready; ``render`` lays it out."""
     method, tok, ids = ctx.method, ctx.pipeline.tokenizer, ctx.ids
     c, n = method.config, ids.shape[0]
+    ends = getattr(c, "gather_keep", getattr(c, "keep_first", 0))     # ILRe keeps the first tokens alone
+    window = getattr(c, "pool_window", 1)
     pooled = method.scores(ctx, part).float().cpu()
-    forced = forced_mask(n, c.gather_keep, c.gather_keep, torch.device("cpu"))
+    forced = forced_mask(n, ends, ends if hasattr(c, "gather_keep") else 0, torch.device("cpu"))
     chosen = torch.zeros(n, dtype=torch.bool)
     chosen[kept.cpu()] = True
     free = chosen & ~forced
     threshold = float(pooled[free].min()) if free.any() else None
     spans = [token_span(tok, ids, g) for g in golds]
     per_token, per_head, query_text = per_token_scores(ctx, part)
-    out = {"tokens": n, "budget": int(c.recompute_budget), "gather_keep": int(c.gather_keep),
+    out = {"tokens": n, "budget": int(c.recompute_budget), "gather_keep": int(ends),
            "threshold": threshold, "golds": [], "peaks": []}
     for gold, span in zip(golds, spans):
         if span is None:
@@ -73,7 +76,7 @@ def explain(ctx, part, golds: Sequence[str], kept: torch.Tensor) -> dict:
         above = int(((pooled > need) & ~forced).sum())
         entry = {"text": gold, "found": True, "span": [a, b], "depth": round(a / n, 4),
                  "kept": bool(chosen[a:b].all()), "score": round(need, 4), "tokens_above": above,
-                 "budget_needed": min(n, above + (b - a) + 2 * c.gather_keep)}
+                 "budget_needed": min(n, above + (b - a) + int(forced.sum()))}
         if per_token is not None:
             best = per_token[a:b].amax(dim=0)                      # [Q]: each question token's best cosine
             top = best.topk(min(QUERY_TOKENS, best.numel()))
@@ -87,7 +90,7 @@ def explain(ctx, part, golds: Sequence[str], kept: torch.Tensor) -> dict:
     lowest = min((g["score"] for g in out["golds"] if g.get("found") and not g["kept"]), default=None)
     if per_token is not None and lowest is not None:
         raw = per_token.amax(dim=1)
-        for p in peaks(raw, c.pool_window, PEAKS, floor=lowest, skip=forced):
+        for p in peaks(raw, window, PEAKS, floor=lowest, skip=forced):
             q = int(per_token[p].argmax())
             out["peaks"].append({"at": p, "depth": round(p / n, 4), "score": round(float(raw[p]), 4),
                                  "query_token": query_text[q],
@@ -131,8 +134,8 @@ def peaks(scores: torch.Tensor, window: int, count: int, floor: float, skip: tor
 def render(row_id: str, question: str, report: dict) -> str:
     """One screen of text for one missed row."""
     lines = [f"### {row_id}", f"question: {question!r}",
-             f"{report['tokens']} context tokens; budget {report['budget']} (ends {report['gather_keep']} + "
-             f"{report['gather_keep']}); last gathered score {fmt(report['threshold'])}"]
+             f"{report['tokens']} context tokens; budget {report['budget']} ({report['gather_keep']} always kept at "
+             f"the ends); last gathered score {fmt(report['threshold'])}"]
     for g in report["golds"]:
         if not g.get("found"):
             lines.append(f"- {g['text']!r}: not in the context as one string")
