@@ -18,6 +18,7 @@ import json
 
 import torch
 
+from reform.eval.explain import token_span
 from reform.eval.specs import option_value, parse_lengths
 from reform.eval.tasks import niah
 from reform.methods.reattention import ReAttentionPolicy
@@ -26,18 +27,8 @@ from reform.stats import Timer
 
 
 def value_span(tok, ids: torch.Tensor, value: str) -> range:
-    """The shortest run of context tokens whose text holds ``value`` (binary searches on its ends)."""
-    ids = ids.tolist()
-    holds = lambda a, b: value in tok.decode(ids[a:b])
-    lo, hi = 1, len(ids)
-    while lo < hi:                        # smallest end b with the value inside ids[:b]
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if holds(0, mid) else (mid + 1, hi)
-    end, lo, hi = lo, 0, lo - 1
-    while lo < hi:                        # largest start a with the value inside ids[a:end]
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if holds(mid, end) else (lo, mid - 1)
-    return range(lo, end)
+    """The shortest run of context tokens whose text holds ``value``."""
+    return token_span(tok, ids, value)
 
 
 class ScopeRecorder:

@@ -93,7 +93,7 @@ def table(records: list[dict], variants: list[str], args) -> str:
         for v in variants:
             mine = [r for r in records if r["variant"] == v and (length is None or (r["task"], r["length"]) == (task, length))]
             flags = [f for r in mine for f in r["gold_kept"] if f is not None]
-            lo, hi = interval([float(f) for f in flags], binary=True)
+            lo, hi = interval([[float(f) for f in flags]]) or (0.0, 1.0)
             cells.append(f"{100 * sum(flags) / max(1, len(flags)):.1f} [{100 * lo:.0f}–{100 * hi:.0f}] "
                          f"({sum(flags)}/{len(flags)})")
         n = len({r["id"] for r in records if length is None or (r["task"], r["length"]) == (task, length)})

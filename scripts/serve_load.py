@@ -104,6 +104,13 @@ def ask_openai(url: str, context_id: str) -> tuple[bool, float]:
         return False, time.perf_counter() - t
 
 
+def tally(runs: list[tuple]) -> dict:
+    """Requests sent, answered and lost, and the p50 / p95 latency of ``(answered, seconds, ...)`` runs."""
+    seconds = sorted(r[1] for r in runs)
+    return {"sent": len(runs), "answered": sum(r[0] for r in runs), "lost": sum(not r[0] for r in runs),
+            "p50_s": round(statistics.median(seconds), 2), "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 2)}
+
+
 def count_503(url: str) -> int:
     """503s the server has answered so far (its /metrics)."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
@@ -170,22 +177,16 @@ def main() -> None:
         # 1. concurrent clients
         with ThreadPoolExecutor(args.clients) as pool:
             runs = list(pool.map(lambda _: ask(url, key), range(args.requests)))
-        seconds = sorted(r[1] for r in runs)
-        results["load"] = {"clients": args.clients, "sent": args.requests, "answered": sum(r[0] for r in runs),
-                           "lost": sum(not r[0] for r in runs), "p50_s": round(statistics.median(seconds), 2),
-                           "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 2),
-                           "most_tries": max(r[2] for r in runs), "rss_after_mb": server.rss_mb()}
+        results["load"] = {"clients": args.clients, **tally(runs), "most_tries": max(r[2] for r in runs),
+                           "rss_after_mb": server.rss_mb()}
         print(json.dumps(results["load"]), flush=True)
 
         # 1b. a burst: more clients at once than the queue holds, as the openai client sends them
         before_503 = count_503(url)
         with ThreadPoolExecutor(args.burst) as pool:
             runs = list(pool.map(lambda _: ask_openai(url, key), range(args.burst)))
-        seconds = sorted(r[1] for r in runs)
-        results["burst"] = {"clients": args.burst, "sent": args.burst, "answered": sum(r[0] for r in runs),
-                            "lost": sum(not r[0] for r in runs), "p50_s": round(statistics.median(seconds), 2),
-                            "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 2),
-                            "answered_503": count_503(url) - before_503, "rss_after_mb": server.rss_mb()}
+        results["burst"] = {"clients": args.burst, **tally(runs), "answered_503": count_503(url) - before_503,
+                            "rss_after_mb": server.rss_mb()}
         print(json.dumps(results["burst"]), flush=True)
 
         # 2. uploads at the limit
