@@ -3,7 +3,8 @@ measure which gold strings every gather variant brings to the recompute (no answ
 variant costs seconds, not an encode).
 
     python scripts/recall_lab.py encode --contexts /tmp/lab --lengths 64k,128k --tasks niah_multikey_3,vt --samples 5
-    python scripts/recall_lab.py measure --contexts /tmp/lab --out docs/results/recall-lab [--variants paper,rounds2]
+    python scripts/recall_lab.py measure --contexts /tmp/lab --out docs/results/recall-lab [--variants paper,rounds2] \
+        [--answer-runs 16]      # also answer with REFORM's match_run at 0 and 16, scored
 
 ``encode`` saves one ``.reform`` file per row (resumable: a row already saved is skipped) beside a JSON
 line describing the row (task, length, sample, question, gold strings); ``measure`` loads each, gathers
@@ -59,11 +60,14 @@ def measure(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
     metas = [json.loads(line) for line in open(folder / "rows.jsonl")]
-    records, screens = [], []
+    rows = answer_rows(pipe, metas) if args.answer_runs else {}
+    records, screens, answers = [], [], []
     for meta in metas:
         ctx = pipe.load_context(folder / meta["file"])
         part = pipe.templater.question(meta["question"], meta["answer_prefix"])
         text = pipe.tokenizer.decode(ctx.ids.tolist())
+        if meta["id"] in rows:
+            answers += answer(ctx, rows[meta["id"]], [0] + [int(r) for r in args.answer_runs.split(",")], text)
         for name in variants:
             t = time.perf_counter()
             with torch.inference_mode():
@@ -78,8 +82,56 @@ def measure(args) -> None:
         print(json.dumps([r for r in records if r["id"] == meta["id"]]), flush=True)
     (out / "recall.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (out / "explain.md").write_text("# Misses of the paper's gather, explained\n\n" + "\n\n".join(screens) + "\n")
-    (out / "recall.md").write_text(table(records, variants, args))
+    (out / "recall.md").write_text(table(records, variants, args) + answer_table(answers))
+    (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
     print((out / "recall.md").read_text())
+
+
+def answer_rows(pipe, metas: list[dict]) -> dict:
+    """The rows behind the saved contexts (regenerated: same seed, same rows), by id."""
+    wanted = {m["id"] for m in metas}
+    found = {}
+    for task, length in sorted({(m["task"].split("/")[1], m["length"]) for m in metas}):
+        samples = 1 + max(m["sample"] for m in metas if m["task"].endswith(task) and m["length"] == length)
+        for row in make_rows("ruler", pipe.tokenizer, [length], samples, tasks=[task]):
+            if row.id in wanted:
+                found[row.id] = row
+    return found
+
+
+def answer(ctx, row, runs: list[int], text: str) -> list[dict]:
+    """Answer ``row`` with REFORM's ``match_run`` at each of ``runs`` (0: the paper's gather): score and recall."""
+    from dataclasses import replace
+
+    from reform.eval.tasks.scoring import score
+    base, out = ctx.method, []
+    for run in runs:
+        ctx.method = type(base)(replace(base.config, match_run=run))
+        ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens)
+        flags = gold_kept(ctx.pipeline.tokenizer, ctx.ids, ans.kept, evidence(row), text)
+        out.append({"id": row.id, "task": row.task, "length": row.length, "match_run": run, "recall": recall(flags),
+                    "score": score(row, ans.text), "prediction": ans.text, "stats": ans.stats})
+    ctx.method = base
+    return out
+
+
+def answer_table(answers: list[dict]) -> str:
+    if not answers:
+        return ""
+    runs = sorted({a["match_run"] for a in answers})
+    lines = ["", "Answers (score %, mean over rows; recall of the answered gather in brackets):", "",
+             "| task | length | rows | " + " | ".join(f"match_run={r}" for r in runs) + " |",
+             "|---|---|---|" + "---|" * len(runs)]
+    for task, length in sorted({(a["task"], a["length"]) for a in answers}) + [("**all**", None)]:
+        cells = []
+        for r in runs:
+            mine = [a for a in answers if a["match_run"] == r and (length is None or (a["task"], a["length"]) == (task, length))]
+            rec = [a["recall"] for a in mine if a["recall"] is not None]
+            cells.append(f"{100 * sum(a['score'] for a in mine) / len(mine):.1f} "
+                         f"({100 * sum(rec) / max(1, len(rec)):.0f})")
+        n = len({a["id"] for a in answers if length is None or (a["task"], a["length"]) == (task, length)})
+        lines.append(f"| {task} | {format_length(length) if length else 'all'} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def table(records: list[dict], variants: list[str], args) -> str:
@@ -114,6 +166,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default=None, help="comma-separated (default: all)")
+    ap.add_argument("--answer-runs", default=None, help="also answer each row with REFORM's match_run at 0 and "
+                    "these values (comma-separated), scored")
     args = ap.parse_args()
     if args.step == "measure" and not args.out:
         ap.error("measure needs --out")

@@ -48,20 +48,24 @@ def test_gather_takes_everything_when_budget_covers_input():
     assert gather_indices(torch.rand(300), 300, 256, 256).tolist() == list(range(300))
 
 
-def test_aligned_scores_reward_pieces_in_the_question_order():
+def test_ordered_runs_reward_pieces_in_the_question_order():
     """A key whose pieces each occur elsewhere too scores highest only where they follow each other as in
-    the question (``reform.methods.gather``)."""
-    from reform.methods.gather import aligned_scores
+    the question (REFORM's ``match_run``); blockwise equals whole."""
+    from reform.methods.reform import ordered_run_scores
     n, q, run = 40, 6, 4
     sim = torch.zeros(n, q)
     for k in range(q):                       # the asked key, in order, at tokens 20..25
         sim[20 + k, k] = 1.0
     for t in range(0, 12):                   # the same pieces scattered out of order at tokens 0..11
         sim[t, (5 * t) % q] = 1.0
-    scores = aligned_scores(sim, run)
+    context, query = sim, torch.eye(q)       # context @ query.T == sim
+    scores = ordered_run_scores(context, query, run)
     assert scores.shape == (n,)
     assert torch.all(scores[20:26] == 1.0) and scores[:12].max() <= 0.5
-    assert torch.equal(sim.amax(dim=1)[:12], torch.ones(12))     # the paper's max cannot tell them apart
+    assert torch.equal(token_scores(context, query)[:12], torch.ones(12))   # the paper's max cannot tell
+    assert torch.allclose(ordered_run_scores(context, query, run, block=7), scores)
+    assert torch.allclose(ordered_run_scores(context, query, 1), token_scores(context, query))
+    assert ordered_run_scores(context, query, 50).shape == (n,)             # a run longer than the question
 
 
 def test_gather_variants_keep_the_budget_and_the_ends():

@@ -244,3 +244,20 @@ def test_store_at_a_url_behaves_like_a_folder(saved, tmp_path, where):
 def test_store_refuses_an_unknown_protocol():
     with pytest.raises(ContextFileError, match="cannot use nosuch://x as a context store"):
         ContextStore("nosuch://x")
+
+
+def test_an_option_added_later_keeps_old_files_and_keys(saved, tmp_path):
+    """REFORM's ``match_run`` came after contexts were first saved: at its default it is not in the saved
+    options nor in the content key (old files load, store keys stay), and set it is saved and restored."""
+    pipe, ctx, path = saved
+    manifest_options = pipe.load_context(path).method.config
+    assert manifest_options.match_run == 0
+    from reform.methods.options import options_json
+    assert "match_run" not in options_json(ctx.method.config)
+    matched = make(**{**METHODS["reform"], "match_run": 8})
+    assert matched.context_key(ctx.ids) != pipe.context_key(ctx.ids)
+    mctx = matched.encode(CONTEXT)
+    mctx.save(tmp_path / "m.reform")
+    loaded = pipe.load_context(tmp_path / "m.reform")
+    assert loaded.method.config.match_run == 8
+    assert loaded.ask(QUESTION, max_new_tokens=8).tokens == mctx.ask(QUESTION, max_new_tokens=8).tokens

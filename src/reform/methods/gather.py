@@ -6,9 +6,8 @@ token. Two kinds of needle defeat that:
 - **keys made of common pieces** (RULER's UUID keys among UUID distractors): every piece of the asked
   key (``7f``, ``-``, ``9e``) also occurs in every other key, so each question token finds its best
   match anywhere. What singles the asked key out is its pieces *in order*. ``aligned``: a context token
-  scores by the mean cosine of a run of ``run`` consecutive context tokens to a run of as many
-  consecutive question tokens (the best such pair of runs covering it), so a key matches only where its
-  pieces follow each other as in the question.
+  scores by ``ordered_run_scores`` (the mean over a run of consecutive context tokens against as many
+  consecutive question tokens), alone or added to the paper's score (REFORM's ``match_run`` option).
 - **chains** (RULER's variable tracking: ``VAR A = 12345`` ... ``VAR B = VAR A``): the question names only
   the value, so only the first hop resembles it. ``rounds2``: a second round asks with the rare tokens
   (at most ``RARE`` occurrences in the context) around the first round's best windows, and the rest of
@@ -20,11 +19,10 @@ Each function returns the indices (ascending) of the gathered tokens with the me
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..engine.policies import forced_mask
 from ..stats import Timer
-from .reform import gather_indices, max_pool, token_scores
+from .reform import gather_indices, max_pool, ordered_run_scores, token_scores
 
 RARE = 8             # a token id seen at most this often in the context is "rare" (a name, a key, a number)
 EXPAND = 32          # tokens on each side of a first-round peak that may join the second round's query
@@ -35,35 +33,16 @@ def paper(ctx, part) -> torch.Tensor:
     return ctx.method.select(ctx, part, Timer())
 
 
-def similarity_matrix(ctx, part) -> torch.Tensor:
-    """``[N, Q]``: each context token's score against each question token (per-head cosines summed)."""
-    query = ctx.method.query_embeddings(ctx, part).float()
-    data = ctx.state.data
-    return torch.cat([data[s:s + 65536].float() @ query.T for s in range(0, data.shape[0], 65536)])
-
-
-def aligned_scores(sim: torch.Tensor, run: int) -> torch.Tensor:
-    """Per context token: the best mean of ``sim`` along ``run`` steps of a diagonal (context token t+k
-    against question token j+k) among the diagonals through it."""
-    n, q = sim.shape
-    run = min(run, q)
-    diag = sum(sim[k:n - run + 1 + k, k:q - run + 1 + k] for k in range(run)) / run     # [n-run+1, q-run+1]
-    start = diag.amax(dim=1)                                     # the run starting at each context token
-    # a token inside a run takes the run's score: max over the runs that cover it
-    return F.max_pool1d(F.pad(start, (run - 1, run - 1), value=float("-inf"))[None, None], run, 1)[0, 0]
-
-
 def gather(ctx, scores: torch.Tensor) -> torch.Tensor:
     c = ctx.method.config
     return gather_indices(max_pool(scores, c.pool_window), c.recompute_budget, c.gather_keep, c.gather_keep)
 
 
 def aligned(ctx, part, run: int, with_paper: bool = False) -> torch.Tensor:
-    """The aligned-run score alone, or added to the paper's (``with_paper``: a key's template words still
-    count, its pieces in order add to them)."""
-    sim = similarity_matrix(ctx, part)
-    scores = aligned_scores(sim, run)
-    return gather(ctx, scores + sim.amax(dim=1) if with_paper else scores)
+    """The ordered-run score alone, or added to the paper's (``with_paper``, REFORM's ``match_run``)."""
+    query, data = ctx.method.query_embeddings(ctx, part), ctx.state.data
+    scores = ordered_run_scores(data, query, run)
+    return gather(ctx, scores + token_scores(data, query) if with_paper else scores)
 
 
 def rounds2(ctx, part) -> torch.Tensor:

@@ -234,12 +234,19 @@ def to_json_value(value):
 INPUT_ONLY = {"input_only": True}   # field metadata: resolving turns the field into other fields' values
 
 
+# field metadata for an option added after contexts were first saved: left out of the saved options (and of
+# the content key) while at its default, so contexts saved before it existed load, and keep their store keys
+ADDED_LATER = {"added_later": True}
+
+
 def options_json(config) -> dict:
     """Every field of a (resolved) method config as plain JSON, but the input-only ones (``INPUT_ONLY``:
-    already spelled out in the fields they set); ``{}`` for a method without options."""
+    already spelled out in the fields they set) and the ``ADDED_LATER`` ones at their default; ``{}`` for
+    a method without options."""
     if config is None:
         return {}
-    return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config) if not f.metadata.get("input_only")}
+    return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config) if not f.metadata.get("input_only")
+            and not (f.metadata.get("added_later") and getattr(config, f.name) == f.default)}
 
 
 def options_from_json(config_cls: type | None, data: dict) -> dict:

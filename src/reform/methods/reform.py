@@ -35,7 +35,7 @@ from ..engine.policies import H2OPolicy, forced_mask, top_budget
 from ..heads import load_preset, resolve_heads
 from ..stats import Timer
 from .base import Context, Method, Runtime, register
-from .options import INPUT_ONLY, keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
+from .options import ADDED_LATER, INPUT_ONLY, keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
 
 
 
@@ -50,6 +50,25 @@ def token_scores(context: torch.Tensor, query: torch.Tensor, block: int = 1 << 1
     for s in range(0, context.shape[0], block):
         out[s:s + block] = (context[s:s + block].float() @ q).amax(dim=-1)
     return out
+
+
+def ordered_run_scores(context: torch.Tensor, query: torch.Tensor, run: int, block: int = 1 << 16) -> torch.Tensor:
+    """Per context token: the best mean score of ``run`` consecutive context tokens against as many
+    consecutive question tokens in the same order (context token t+k against question token j+k), among
+    the runs that cover it. Scores are on ``token_scores``' scale. Blockwise over N (a block reads
+    ``run - 1`` tokens past its end), never the whole [N, Q] matrix."""
+    n, q = context.shape[0], query.shape[0]
+    run = max(1, min(run, q, n))
+    qt = query.float().T
+    starts = torch.empty(n - run + 1, dtype=torch.float32, device=context.device)
+    for s in range(0, n - run + 1, block):
+        sim = context[s:s + block + run - 1].float() @ qt                      # [b + run - 1, Q]
+        b = sim.shape[0] - run + 1
+        diag = sum(sim[k:k + b, k:q - run + 1 + k] for k in range(run)) / run  # [b, Q - run + 1]
+        starts[s:s + b] = diag.amax(dim=1)
+    # a token takes the best run covering it: the max over the runs starting up to run - 1 tokens before
+    padded = F.pad(starts, (run - 1, run - 1), value=float("-inf"))
+    return F.max_pool1d(padded[None, None], run, 1)[0, 0]
 
 
 def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
@@ -108,6 +127,10 @@ class ReformConfig:
     # fact went ungathered (docs/evaluation.md, gather sweep), so the keep scales down with small budgets.
     gather_keep: int | None = None
     pool_window: int = 129
+    # > 0: each token's score adds its best ordered run of this many tokens matching as many question
+    # tokens in order (``ordered_run_scores``). Not in the paper: keys made of pieces every other key also
+    # has (RULER's UUID keys) match only in order (docs/evaluation.md, "Retrieval at 64k and 128k").
+    match_run: int = field(default=0, metadata=ADDED_LATER)
     score_window: int = 128
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -137,6 +160,8 @@ class ReformConfig:
             raise ValueError(f"pool window must be a positive odd number, got {self.pool_window}")
         if self.segments < 1:
             raise ValueError(f"segments must be at least 1, got {self.segments}")
+        if self.match_run < 0:
+            raise ValueError(f"match_run must be 0 (off) or a number of tokens, got {self.match_run}")
 
 
 @register
@@ -211,8 +236,13 @@ class Reform(Method):
         return max_pool(self.similarities(ctx, part), self.config.pool_window)
 
     def similarities(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
-        """Every context token's cosine to the question tokens (max over them), before pooling."""
-        return token_scores(ctx.state.data, self.query_embeddings(ctx, part))
+        """Every context token's cosine to the question tokens (max over them), before pooling; with
+        ``match_run``, plus its best ordered run against the question."""
+        query = self.query_embeddings(ctx, part)
+        scores = token_scores(ctx.state.data, query)
+        if self.config.match_run:
+            scores += ordered_run_scores(ctx.state.data, query, self.config.match_run)
+        return scores
 
     def query_embeddings(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """The question tokens' retrieval embeddings ``[Q, E]``, computed on top of the compressed cache."""
