@@ -114,7 +114,7 @@ class Pipeline:
         cls = REGISTRY[name]
         method = cls.create(self.engine.shape, self.model_name, None,
                             **options_from_json(cls.Config, spec.get("options") or {}))
-        if options_json(method.config) != (spec.get("options") or {}):
+        if options_json(method.config) != options_json(method.config, spec.get("options") or {}):
             raise ValueError(f"method '{name}' cannot be rebuilt with the saved options {spec.get('options')}")
         return method
 

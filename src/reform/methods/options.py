@@ -239,14 +239,19 @@ INPUT_ONLY = {"input_only": True}   # field metadata: resolving turns the field 
 ADDED_LATER = {"added_later": True}
 
 
-def options_json(config) -> dict:
+def options_json(config, saved: dict | None = None) -> dict:
     """Every field of a (resolved) method config as plain JSON, but the input-only ones (``INPUT_ONLY``:
     already spelled out in the fields they set) and the ``ADDED_LATER`` ones at their default; ``{}`` for
-    a method without options."""
+    a method without options. With ``saved`` (options read from a file): those options in the same form
+    (an ``ADDED_LATER`` field written at its default dropped), to compare with the config's."""
     if config is None:
         return {}
-    return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config) if not f.metadata.get("input_only")
-            and not (f.metadata.get("added_later") and getattr(config, f.name) == f.default)}
+    later_at_default = {f.name for f in fields(config) if f.metadata.get("added_later")
+                        and (getattr(config, f.name) if saved is None else saved.get(f.name, f.default)) == f.default}
+    if saved is not None:
+        return {k: v for k, v in saved.items() if k not in later_at_default}
+    return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config)
+            if not f.metadata.get("input_only") and f.name not in later_at_default}
 
 
 def options_from_json(config_cls: type | None, data: dict) -> dict:
