@@ -509,22 +509,13 @@ async def chat(request: Request):
     def done_waiting() -> None:      # once per request, whichever way it ends
         while watched:
             worker.unwatch(watched.pop())
-    try:
-        job = await service.enqueue(put, lambda: still_wanted(request, deadline, settings.request_timeout))
-    except Cancelled:
-        done_waiting()
-        return JSONResponse({}, status_code=499)
-    except BaseException:
-        done_waiting()
-        raise
-    waiting = Waiting(job, request, deadline, settings.request_timeout)
     completion = Completion(service.model_id, key, service.metrics.streams)
     try:    # errors before the first token (unknown context, question too long) get a real status
+        job = await service.enqueue(put, lambda: still_wanted(request, deadline, settings.request_timeout))
+        waiting = Waiting(job, request, deadline, settings.request_timeout)
         if not req.stream:
             try:
                 return completion.whole(*await waiting.result())
-            except Cancelled:
-                return JSONResponse({}, status_code=499)
             finally:
                 done_waiting()
         first = await waiting.next_event(within=FIRST_EVENT_S)
