@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from ..engine.policies import forced_mask
+from ..methods.gather import distinct_peaks
 
 PEAKS = 5              # outranking windows shown
 QUERY_TOKENS = 3       # question tokens shown per gold string
@@ -90,7 +91,7 @@ def explain(ctx, part, golds: Sequence[str], kept: torch.Tensor) -> dict:
     lowest = min((g["score"] for g in out["golds"] if g.get("found") and not g["kept"]), default=None)
     if per_token is not None and lowest is not None:
         raw = per_token.amax(dim=1)
-        for p in peaks(raw, window, PEAKS, floor=lowest, skip=forced):
+        for p in distinct_peaks(raw, window, PEAKS, forced, floor=lowest):
             q = int(per_token[p].argmax())
             out["peaks"].append({"at": p, "depth": round(p / n, 4), "score": round(float(raw[p]), 4),
                                  "query_token": query_text[q],
@@ -115,20 +116,6 @@ def per_token_scores(ctx, part) -> tuple[torch.Tensor | None, list[torch.Tensor]
     tok = ctx.pipeline.tokenizer
     texts = [tok.decode([t]) for t in part.ids[part.query_span]]
     return per_token, per_head, texts
-
-
-def peaks(scores: torch.Tensor, window: int, count: int, floor: float, skip: torch.Tensor) -> list[int]:
-    """Up to ``count`` positions of the highest ``scores`` above ``floor``, at least ``window`` apart and
-    outside ``skip`` (the always-kept ends): the windows that outrank a gold string."""
-    order = torch.argsort(scores, descending=True)
-    found: list[int] = []
-    for p in order.tolist():
-        if scores[p] <= floor or len(found) == count:
-            break
-        if skip[p] or any(abs(p - q) < window for q in found):
-            continue
-        found.append(p)
-    return found
 
 
 def render(row_id: str, question: str, report: dict) -> str:

@@ -18,6 +18,8 @@ Each function returns the indices (ascending) of the gathered tokens with the me
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..engine.policies import forced_mask
@@ -38,11 +40,28 @@ def gather(ctx, scores: torch.Tensor) -> torch.Tensor:
     return gather_indices(max_pool(scores, c.pool_window), c.recompute_budget, c.gather_keep, c.gather_keep)
 
 
-def aligned(ctx, part, run: int, with_paper: bool = False) -> torch.Tensor:
-    """The ordered-run score alone, or added to the paper's (``with_paper``, REFORM's ``match_run``)."""
-    query, data = ctx.method.query_embeddings(ctx, part), ctx.state.data
-    scores = ordered_run_scores(data, query, run)
-    return gather(ctx, scores + token_scores(data, query) if with_paper else scores)
+def aligned(ctx, part, run: int) -> torch.Tensor:
+    """The ordered-run score alone (REFORM's ``match_run`` adds it to the paper's: ``matched``)."""
+    return gather(ctx, ordered_run_scores(ctx.state.data, ctx.method.query_embeddings(ctx, part), run))
+
+
+def matched(ctx, part, run: int) -> torch.Tensor:
+    """REFORM's own gather with ``match_run`` = ``run``."""
+    return type(ctx.method)(replace(ctx.method.config, match_run=run)).select(ctx, part, Timer())
+
+
+def distinct_peaks(scores: torch.Tensor, window: int, count: int, skip: torch.Tensor,
+                   floor: float = float("-inf")) -> list[int]:
+    """Up to ``count`` positions of the highest ``scores`` above ``floor``, at least ``window`` apart and
+    outside ``skip`` (the always-kept ends): the best distinct windows."""
+    found: list[int] = []
+    for p in torch.argsort(scores, descending=True).tolist():
+        if scores[p] <= floor or len(found) == count:
+            break
+        if skip[p] or any(abs(p - q) < window for q in found):
+            continue
+        found.append(p)
+    return found
 
 
 def rounds2(ctx, part) -> torch.Tensor:
@@ -53,13 +72,8 @@ def rounds2(ctx, part) -> torch.Tensor:
     forced = forced_mask(n, c.gather_keep, c.gather_keep, first.device)
     counts = torch.bincount(ids, minlength=int(ids.max()) + 1)
     near = torch.zeros(n, dtype=torch.bool)
-    order, peaks = torch.argsort(first.masked_fill(forced, float("-inf")), descending=True), []
-    for p in order.tolist():
-        if len(peaks) == PEAKS:
-            break
-        if all(abs(p - q) >= c.pool_window for q in peaks):
-            peaks.append(p)
-            near[max(0, p - EXPAND):p + EXPAND + 1] = True
+    for p in distinct_peaks(first, c.pool_window, PEAKS, forced):
+        near[max(0, p - EXPAND):p + EXPAND + 1] = True
     asking = torch.nonzero(near & (counts[ids] <= RARE)).flatten()
     if asking.numel() == 0:
         return paper(ctx, part)
@@ -75,5 +89,4 @@ def rounds2(ctx, part) -> torch.Tensor:
 
 VARIANTS = {"paper": paper, "rounds2": rounds2,
             **{f"aligned{run}": (lambda run: lambda ctx, part: aligned(ctx, part, run))(run) for run in (4, 8, 16)},
-            **{f"paper+aligned{run}": (lambda run: lambda ctx, part: aligned(ctx, part, run, True))(run)
-               for run in (8, 16)}}
+            **{f"paper+aligned{run}": (lambda run: lambda ctx, part: matched(ctx, part, run))(run) for run in (8, 16)}}
