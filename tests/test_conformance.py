@@ -5,7 +5,7 @@ must run on each at 4x its window; sliding-window layers stay exact under compre
 import pytest
 import torch
 
-from reform.conformance import VARIANTS, WINDOW, all_variants, build, check
+from reform.conformance import VARIANTS, VISION_VARIANTS, WINDOW, all_variants, build, check, check_images
 from reform.engine import KVCache, UnsupportedModelError
 from reform.engine.layout import as_tensor
 from reform.pipeline import Pipeline
@@ -158,9 +158,12 @@ def test_reform_models_prints_the_table(monkeypatch, tmp_path):
     import reform.conformance
     from reform.cli.main import app
     monkeypatch.setattr(reform.conformance, "VARIANTS", {k: VARIANTS[k] for k in ("llama", "deepseek_v3")})
+    monkeypatch.setattr(reform.conformance, "VISION_VARIANTS",
+                        {k: VISION_VARIANTS[k] for k in ("llava (CLIP)", "qwen2_vl (with images)")})
     r = CliRunner().invoke(app, ["models", "-o", str(tmp_path / "models.md")])
     assert r.exit_code == 0, r.output
     assert "1 equal, 1 refused" in r.output and "| llama | **equal to transformers** |" in r.output
+    assert "With images" in r.output and "| llava (CLIP) | **equal to transformers** |" in r.output
     assert "multi-head latent attention" in (tmp_path / "models.md").read_text()
     (tmp_path / "blocker").write_text("a file, not a folder")
     r = CliRunner().invoke(app, ["models", "-o", str(tmp_path / "blocker" / "models.md")])
@@ -184,3 +187,34 @@ def test_half_precision_is_judged_against_fp32_and_the_weights_come_back_untouch
             assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
             raise RuntimeError("a forward that fails")
     assert all((p.data_ptr(), p.dtype) == before[n] for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("name", list(VISION_VARIANTS))
+def test_vision_language_models_with_two_images_are_equal_or_refused(name):
+    """Text with two images between its pieces: the engine, fed the model's own image embeddings as rows
+    past the vocabulary, gives transformers' logits (one-shot and chunked) and greedy tokens, or refuses
+    in one sentence what it cannot reproduce (Gemma 3's own image mask, Qwen2-VL's multimodal RoPE)."""
+    r = check_images(name, VISION_VARIANTS[name])
+    expected = {"gemma3": ("refused", "attention mask of its own"), "qwen2_vl": ("refused", "multimodal RoPE")}
+    status, why = expected.get(VISION_VARIANTS[name].model_type, ("equal", ""))
+    assert r.status == status, r
+    assert why in r.detail
+    if status == "equal":
+        assert r.one_shot <= 1e-4 and r.chunked <= 1e-4 and r.tokens_equal
+
+
+def test_image_ids_without_their_rows_are_refused():
+    from reform.conformance import build_vision, vision_input, with_image_ids
+    from reform.engine import Engine
+    from reform.engine.cache import KVCache
+    from reform.engine.vision import image_rows
+    variant = VISION_VARIANTS["llava (CLIP)"]
+    model = build_vision(variant)
+    engine = Engine(model)
+    ids, pixels = vision_input(variant)
+    mask, rows = image_rows(model, ids, pixels)
+    vids = with_image_ids(engine, ids, mask)
+    with pytest.raises(ValueError, match="image embeddings are not in place"):
+        engine.forward(vids, KVCache.empty(engine.shape.n_layers))
+    with engine.input_rows(rows[:3]), pytest.raises(ValueError, match="not in place"):
+        engine.forward(vids, KVCache.empty(engine.shape.n_layers))

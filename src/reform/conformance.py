@@ -188,6 +188,136 @@ def check(name: str, model_type: str, overrides: dict | None = None, device: str
                   d1, d2, ours == hf_tokens)
 
 
+# ---------------------------------------------------------------- vision-language models
+_TEXT = {k: TINY[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "max_position_embeddings", "initializer_range",
+                              "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings")}
+_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+               patch_size=7)
+IMAGE_TOKEN = 100     # the placeholder id of the tiny vision configs (inside the 128-token vocabulary)
+IMAGE_START = 101     # Qwen2-VL's <|vision_start|>
+
+
+@dataclass(frozen=True)
+class VisionVariant:
+    """A tiny vision-language model: its config, how many placeholder tokens one 28x28 image takes, and
+    the pixel tensors its processor would return for ``n`` images (``pixels``: "plain" [n, 3, H, W],
+    "sizes" the same with ``image_sizes``, "batched" [1, n, 3, H, W], "patches" Qwen2-VL's flattened
+    patches with ``image_grid_thw``)."""
+
+    model_type: str
+    config: dict
+    tokens_per_image: int
+    pixels: str = "plain"
+
+
+VISION_VARIANTS: dict[str, VisionVariant] = {
+    "llava (CLIP)": VisionVariant("llava", dict(
+        text_config={**_TEXT, "model_type": "llama"}, image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu",
+        vision_config={**_VISION, "model_type": "clip_vision_model", "projection_dim": 32},
+        vision_feature_layer=-1, vision_feature_select_strategy="default"), 16),
+    "mistral3 (Pixtral)": VisionVariant("mistral3", dict(
+        text_config={**_TEXT, "model_type": "mistral", "sliding_window": None}, image_token_id=IMAGE_TOKEN,
+        vision_config={**_VISION, "model_type": "pixtral", "head_dim": 16}, spatial_merge_size=2,
+        vision_feature_layer=-1), 4, "sizes"),
+    "idefics3 (SmolVLM's architecture)": VisionVariant("idefics3", dict(
+        text_config={**_TEXT, "model_type": "llama"}, image_token_id=IMAGE_TOKEN, scale_factor=2,
+        vision_config=_VISION), 4, "batched"),
+    "gemma3 (with images)": VisionVariant("gemma3", dict(
+        text_config={**_TEXT, "model_type": "gemma3_text", "sliding_window": 32}, image_token_index=IMAGE_TOKEN,
+        vision_config={**_VISION, "model_type": "siglip_vision_model", "patch_size": 14}, mm_tokens_per_image=4,
+        boi_token_index=102, eoi_token_index=103), 4),
+    "qwen2_vl (with images)": VisionVariant("qwen2_vl", dict(
+        text_config={**_TEXT, "model_type": "qwen2_vl_text",
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=7, spatial_merge_size=2,
+                           temporal_patch_size=2, in_channels=3),
+        image_token_id=IMAGE_TOKEN, vision_start_token_id=IMAGE_START), 4, "patches"),
+}
+
+
+def build_vision(variant: VisionVariant, seed: int = 0, device: str = "cpu") -> torch.nn.Module:
+    """A tiny random-weight vision-language model (fp32, eager attention), as ``build`` makes decoders."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = AutoConfig.for_model(variant.model_type, **variant.config)
+            torch.manual_seed(seed)
+            model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    except Exception as e:
+        raise NotBuildable(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:120]}") from None
+    return model.to(device).eval()
+
+
+def vision_input(variant: VisionVariant, images: int = 2, seed: int = 1) -> tuple[torch.Tensor, dict]:
+    """``(ids, pixels)``: text with ``images`` random images between its pieces, as a processor lays them
+    out (one placeholder token per image position), and the pixel tensors the model's forward takes."""
+    g = torch.Generator().manual_seed(seed)
+    text = lambda n: torch.randint(3, 90, (n,), generator=g)
+    start = [torch.tensor([IMAGE_START])] if variant.pixels == "patches" else []
+    pieces = [text(20)]
+    for i in range(images):
+        pieces += [*start, torch.full((variant.tokens_per_image,), IMAGE_TOKEN), text(15 - 5 * i)]
+    ids = torch.cat(pieces)
+    if variant.pixels == "patches":        # 28x28 at patch 7: a 4x4 grid, merged 2x2 into 4 tokens
+        pixels = {"pixel_values": torch.randn(16 * images, 3 * 2 * 7 * 7, generator=g),
+                  "image_grid_thw": torch.tensor([[1, 4, 4]] * images),
+                  "mm_token_type_ids": (ids == IMAGE_TOKEN).long()[None]}
+    else:
+        pv = torch.randn(images, 3, 28, 28, generator=g)
+        pixels = {"pixel_values": pv[None] if variant.pixels == "batched" else pv}
+        if variant.pixels == "sizes":
+            pixels["image_sizes"] = torch.tensor([[28, 28]] * images)
+    return ids, pixels
+
+
+def with_image_ids(engine: Engine, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``ids`` with each image position replaced by its own id past the vocabulary (``Engine.input_rows``)."""
+    out = ids.clone()
+    out[mask.to(ids.device)] = engine.vocab + torch.arange(int(mask.sum()), device=ids.device)
+    return out
+
+
+@torch.inference_mode()
+def check_images(name: str, variant: VisionVariant, device: str = "cpu") -> Result:
+    """The conformance check on an input with two images: one-shot and chunked logits against
+    ``model(input_ids, pixel_values, ...)``, greedy tokens against ``model.generate`` with the images."""
+    from .engine.vision import image_rows
+    try:
+        model = build_vision(variant, device=device)
+    except NotBuildable as e:
+        return Result(name, variant.model_type, "not built", str(e))
+    ids, pixels = vision_input(variant)
+    ids, pixels = ids.to(device), {k: v.to(device) for k, v in pixels.items()}
+    try:
+        engine = Engine(model)
+        mask, rows = image_rows(model, ids, pixels)
+    except UnsupportedModelError as e:
+        return Result(name, variant.model_type, "refused", str(e))
+    n = ids.shape[0]
+    ref = model(input_ids=ids[None], **pixels).logits[0].float()
+    hf_tokens = model.generate(input_ids=ids[None], **pixels, max_new_tokens=NEW_TOKENS, do_sample=False,
+                               pad_token_id=0)[0, n:].tolist()
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    hf_tokens = hf_tokens[:next((i for i, x in enumerate(hf_tokens) if x in eos), len(hf_tokens))]
+    vids = with_image_ids(engine, ids, mask)
+    with engine.input_rows(rows):
+        one = engine.logits(engine.forward(vids, KVCache.empty(engine.shape.n_layers)))
+        cache = KVCache.empty(engine.shape.n_layers)
+        chunked = torch.cat([engine.logits(engine.forward(vids[s:s + CHUNK], cache)) for s in range(0, n, CHUNK)])
+        ours = list(engine.generate(vids, max_new_tokens=NEW_TOKENS, eos_ids=eos, chunk_size=CHUNK))
+    d1, d2 = float((one - ref).abs().max()), float((chunked - ref).abs().max())
+    ok = d1 <= TOLERANCE and d2 <= TOLERANCE and ours == hf_tokens
+    return Result(name, variant.model_type, "equal" if ok else "different",
+                  "" if ok else f"one-shot {d1:.1e}, chunked {d2:.1e}, tokens {ours} vs {hf_tokens}",
+                  d1, d2, ours == hf_tokens)
+
+
 def summary(results: list[Result], device: str) -> str:
     """The first line of ``reform models``: counts per outcome, with the transformers version and device."""
     import transformers

@@ -110,7 +110,7 @@ def decoder_stack(model: torch.nn.Module) -> DecoderStack | None:
     ``gpt_neox.layers``, ``transformer.h``, ...); for a multimodal checkpoint class (e.g. Gemma 3 4B+)
     the language model inside it, which the engine runs on text alone. None: not found."""
     base = _first(model, ("model", "gpt_neox", "transformer"))
-    inner = getattr(base, "language_model", None)
+    inner = _first(base, ("language_model", "text_model"))      # a vision-language model's decoder
     base, config = (inner, inner.config) if inner is not None and hasattr(inner, "layers") else (base, model.config)
     parts = dict(embed=_first(base, ("embed_tokens", "embed_in", "word_embeddings", "wte")),
                  layers=_first(base, ("layers", "h")),
@@ -204,6 +204,8 @@ class _CacheAdapter:
 
 ATTENTION_NAME = "reform"
 _DRIVING: ContextVar["Engine"] = ContextVar("reform_engine")   # the engine whose forward is running
+# the input embeddings that token ids past the vocabulary stand for (image positions; ``Engine.input_rows``)
+_INPUT_ROWS: ContextVar["torch.Tensor | None"] = ContextVar("reform_input_rows", default=None)
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, sliding_window=None, softcap=None,
@@ -297,6 +299,7 @@ class Engine:
         self.scaling = getattr(attn, "scaling", self.shape.head_dim ** -0.5)
         self.device = self.embed.weight.device
         self.dtype = self.embed.weight.dtype
+        self.vocab = self.embed.weight.shape[0]   # ids from here on stand for rows of ``input_rows``
         self.max_positions = self.shape.window   # positions beyond are refused (see ``past_window``)
         self.flops = FlopCounter()               # model FLOPs executed so far (the benchmark reads it)
         self.layer_flops = [linear_flops_per_token(layer) for layer in self.layers]   # per token, per layer
@@ -322,6 +325,33 @@ class Engine:
             yield
         finally:
             self.max_positions = old
+
+    @contextmanager
+    def input_rows(self, rows: torch.Tensor | None):
+        """Inside the ``with`` block, token id ``vocab + j`` is embedded as ``rows[j]`` instead of a row of
+        the embedding table: how an image's positions travel through every method unchanged (gathered,
+        recomputed, saved) as ids, while their input embeddings, the vision tower's output, come from
+        ``rows`` (docs/architecture.md, "Images in the input")."""
+        token = _INPUT_ROWS.set(rows)
+        try:
+            yield
+        finally:
+            _INPUT_ROWS.reset(token)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of ``ids`` [1, T, hidden], image rows put in where ids say so, before the
+        model-level multiplier, in the order the vision-language models of transformers merge them."""
+        ids = ids.to(self.device)
+        extra = ids >= self.vocab
+        if not bool(extra.any()):
+            return self.embed(ids[None])
+        rows = _INPUT_ROWS.get()
+        if rows is None or int(ids.max()) - self.vocab >= rows.shape[0]:
+            raise ValueError("token ids past the vocabulary stand for image positions, and this input's image "
+                             "embeddings are not in place (Engine.input_rows)")
+        x = self.embed(ids.masked_fill(extra, 0)[None])
+        x[0, extra] = rows[ids[extra] - self.vocab].to(x.device, x.dtype)
+        return x
 
     @contextmanager
     def _driving(self, call: _Call):
@@ -353,7 +383,7 @@ class Engine:
         """
         t, n = ids.shape[0], len(cache.layers)
         self._check_positions(cache.length, t)
-        x = self.embed(ids.to(self.device)[None])
+        x = self._embed(ids)
         if self.embedding_multiplier is not None:
             x = x * self.embedding_multiplier
         starts = [lc.length for lc in cache.layers]
