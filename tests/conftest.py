@@ -89,3 +89,46 @@ def tiny_model_dir(tmp_path_factory):
                  pad_token_id=tok.pad_token_id)
     model.save_pretrained(path)
     return path
+
+
+IMAGE_SIZE = 28     # the tiny vision tower's input: 28x28 pixels in 7x7 patches, 16 image tokens
+
+
+def tiny_vlm(window: int = WINDOW, seed: int = 0):
+    """``(model, tokenizer, processor)``: a tiny random LLaVA (CLIP tower, Llama decoder) with the real
+    tokenizer above plus an ``<image>`` token, and a LLaVA processor built in code (no download)."""
+    from transformers import CLIPImageProcessorPil, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    tok = real_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    image_token = tok.convert_tokens_to_ids("<image>")
+    cfg = LlavaConfig(
+        text_config=dict(model_type="llama", vocab_size=len(tok) + 16, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=window, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=7, projection_dim=32),
+        image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=-1,
+        vision_feature_select_strategy="default")
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessorPil(size={"shortest_edge": IMAGE_SIZE},
+                                              crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
+        tokenizer=tok, patch_size=7, vision_feature_select_strategy="default", num_additional_image_tokens=1,
+        image_token="<image>", chat_template=tok.chat_template)
+    return model, tok, processor
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """A saved tiny random LLaVA with its processor: ``--model DIR`` for CLI, server and eval tests."""
+    path = tmp_path_factory.mktemp("tiny-vlm")
+    model, tok, processor = tiny_vlm()
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

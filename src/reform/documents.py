@@ -67,3 +67,32 @@ def find_documents(source: str | os.PathLike) -> list[str]:
     if not found:
         raise DocumentError(f"no documents in {source}")
     return found if not url else [fs.unstrip_protocol(p) for p in found]
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
+
+
+def read_image(location):
+    """One image (a local path, an fsspec URL or raw bytes) as an RGB ``PIL.Image``, refused in one line
+    when missing or not an image."""
+    import io
+
+    import fsspec
+    from PIL import Image, UnidentifiedImageError
+    name = "the image" if isinstance(location, (bytes, bytearray)) else str(location)
+    try:
+        if isinstance(location, (bytes, bytearray)):
+            data = bytes(location)
+        else:
+            with fsspec.open(str(location), "rb") as f:
+                data = f.read()
+        with Image.open(io.BytesIO(data)) as image:
+            return image.convert("RGB")
+    except FileNotFoundError:
+        raise DocumentError(f"image not found: {name}") from None
+    except IsADirectoryError:
+        raise DocumentError(f"{name} is a directory, not an image") from None
+    except (UnidentifiedImageError, Image.DecompressionBombError):
+        raise DocumentError(f"{name} is not an image PIL can read (PNG, JPEG, GIF, WebP, ...)") from None
+    except (OSError, ValueError) as e:
+        raise DocumentError(f"cannot read {name}: {getattr(e, 'strerror', None) or e}") from None

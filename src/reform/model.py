@@ -131,6 +131,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     name: str
+    processor: object = None    # a vision-language model's processor (images -> placeholder ids and pixels)
 
 
 def resolve(model: str | None, assemble: bool = True) -> tuple[str, dict]:
@@ -205,17 +206,29 @@ def load_model(model: str | None = None, *, device: str | None = None, dtype: st
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "gguf_file" in extra:
         source, extra = converted_gguf(Path(source) / extra["gguf_file"], model)
+    processor = None
     try:
         tok = AutoTokenizer.from_pretrained(source, **extra)
+        loader = AutoModelForCausalLM
+        if "gguf_file" not in extra and _has_vision(source):   # a vision-language model: images through its processor
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+            loader, processor = AutoModelForImageTextToText, AutoProcessor.from_pretrained(source)
         # GGUF weights are dequantised on load; do it in fp32 and cast (direct bf16 loads are slower).
-        m = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32 if "gguf_file" in extra else dt, **extra)
+        m = loader.from_pretrained(source, dtype=torch.float32 if "gguf_file" in extra else dt, **extra)
     except (OSError, ValueError, KeyError) as e:  # unknown id, no network, unsupported architecture
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"could not load model '{model or DEFAULT_MODEL}': {first}") from None
     m = m.to(device=dev, dtype=dt).eval()
     release_freed_memory()
     # a packaged model is the hub model it was quantised from (its preset's id)
-    return LoadedModel(m, tok, PACKAGED[model or DEFAULT_MODEL].hub_id if not model or model in PACKAGED else model)
+    return LoadedModel(m, tok, PACKAGED[model or DEFAULT_MODEL].hub_id if not model or model in PACKAGED else model,
+                       processor)
+
+
+def _has_vision(source: str) -> bool:
+    """Whether the checkpoint at ``source`` is a vision-language model (its config has a vision tower)."""
+    from transformers import AutoConfig
+    return getattr(AutoConfig.from_pretrained(source), "vision_config", None) is not None
 
 
 def quiet_progress_bars() -> None:

@@ -63,9 +63,10 @@ class Pipeline:
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, model_name: str | None = None,
                  method: str = "reform", use_chat_template: bool = True, source: str | None = None,
-                 **method_options):
+                 processor=None, **method_options):
         self.engine = Engine(model)
         self.tokenizer = tokenizer
+        self.processor = processor     # a vision-language model's: images in ``encode``
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or "model"
         self.source = source or self.model_name     # what ``Pipeline.load`` / ``--model`` was given
         self.templater = Templater(tokenizer, use_chat_template)
@@ -87,7 +88,7 @@ class Pipeline:
         check_load(model, device=device, dtype=dtype, **options)
         loaded = load_model(str(model) if model is not None else None, device=device, dtype=dtype)
         return cls(loaded.model, loaded.tokenizer, model_name=loaded.name, source=str(model or DEFAULT_MODEL),
-                   **kwargs)
+                   processor=loaded.processor, **kwargs)
 
     # ---------------------------------------------------------------- identity and saved contexts
     @property
@@ -98,12 +99,16 @@ class Pipeline:
             self._identity = model_identity(self)
         return self._identity
 
-    def context_key(self, ids: torch.Tensor, method: Method | None = None) -> str:
-        """Content address of the context ``ids`` would encode to: same model, method options and ids,
-        same key (the store names files by it, so a document is encoded once)."""
+    def context_key(self, ids: torch.Tensor, method: Method | None = None, image_rows: torch.Tensor | None = None) -> str:
+        """Content address of the context ``ids`` (and the image rows its ids past the vocabulary stand
+        for) would encode to: same model, method options and input, same key (the store names files by
+        it, so a document is encoded once)."""
         method = method or self.method
         ident = {k: v for k, v in self.identity.items() if k not in ("name", "source")}
-        blob = json.dumps([ident, method.name, options_json(method.config), ids_sha256(ids)], sort_keys=True)
+        content = [ids_sha256(ids)]
+        if image_rows is not None:
+            content.append(hashlib.sha256(image_rows.detach().float().cpu().numpy().tobytes()).hexdigest())
+        blob = json.dumps([ident, method.name, options_json(method.config), *content], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def method_from(self, spec: dict) -> Method:
@@ -134,7 +139,11 @@ class Pipeline:
             raise ContextFileError(f"{path} is corrupted: its token ids do not match their digest")
         try:
             ids, cache, state = restore_parts(self.engine, tensors, manifest.get("cache"))
-            ctx = Context(self, method, ids, cache=cache)
+            ctx = Context(self, method, ids, cache=cache, image_rows=tensors.get("image_rows"))
+            if ctx.image_rows is not None:
+                ctx.image_rows = ctx.image_rows.to(self.engine.device, self.engine.dtype)
+            if int(ids.max()) >= self.engine.vocab + (0 if ctx.image_rows is None else ctx.image_rows.shape[0]):
+                raise ValueError("its token ids name image positions it holds no embeddings for")
             method.restore_state(ctx, state)
         except (KeyError, ValueError, RuntimeError) as e:
             raise ContextFileError(f"{path} is corrupted: {e}") from None
@@ -163,11 +172,54 @@ class Pipeline:
             raise ValueError("the context is empty")
         return as_tensor(self.templater.context(text), self.engine.device)
 
-    def encode(self, text: str, progress: Callable[[int], None] | None = None) -> Context:
-        """Encode ``text`` once (tokenisation not included in the encode time)."""
-        ids = self.tokenize_context(text)
+    def tokenize_parts(self, parts) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(ids, image rows)`` of interleaved text and images: text parts are tokenised as text; each
+        image (a ``PIL.Image``, a ``pathlib.Path`` or raw bytes) goes through the model's processor (its
+        placeholder ids and pixels) and the model's own vision code (``engine.vision.image_rows``), and its
+        positions get ids past the vocabulary that stand for their rows (``Engine.input_rows``)."""
+        from .documents import read_image
+        from .engine.vision import check_vision_model, image_rows
+        if isinstance(parts, str):
+            return self.tokenize_context(parts), None
+        if not isinstance(parts, (list, tuple)) or not parts:
+            raise TypeError("the context must be text (str) or a non-empty list of text and image parts")
+        ids, rows = list(self.templater.prefix), []
+        for part in parts:
+            if isinstance(part, str):
+                ids += self.templater.encode(part)
+                continue
+            if not (hasattr(part, "convert") or isinstance(part, (Path, bytes, bytearray))):
+                raise TypeError(f"a context part must be text (str) or an image (PIL image, Path or bytes), "
+                                f"got {type(part).__name__}")
+            check_vision_model(self.engine.model)
+            if self.processor is None:
+                raise ValueError(f"{self.model_name} has no processor to prepare images (give Pipeline one)")
+            if not self.method.takes_images:
+                raise ValueError(f"method '{self.method.name}' reads the context as text and cannot take images")
+            if getattr(self.method.config, "segments", 1) > 1 and self.segment_runner is not None:
+                raise ValueError("a segment-parallel encode on other workers (segments > 1) cannot take images yet")
+            image = part.convert("RGB") if hasattr(part, "convert") else read_image(part)
+            got = self.processor(text=self.processor.image_token, images=[image], return_tensors="pt",
+                                 add_special_tokens=False)
+            pixels = {k: v for k, v in got.items() if k not in ("input_ids", "attention_mask")}
+            placeholder = got["input_ids"][0]
+            mask, image_embeds = image_rows(self.engine.model, placeholder, pixels)
+            first = self.engine.vocab + sum(r.shape[0] for r in rows)
+            placeholder[mask.cpu()] = torch.arange(first, first + int(mask.sum()))
+            ids += placeholder.tolist()
+            rows.append(image_embeds)
+        if len(ids) == len(self.templater.prefix):
+            raise ValueError("the context is empty")
+        return as_tensor(ids, self.engine.device), torch.cat(rows) if rows else None
+
+    def encode(self, content, progress: Callable[[int], None] | None = None) -> Context:
+        """Encode ``content`` once: text, or a list of text and image parts (``tokenize_parts``). The
+        tokenisation and the images' vision-tower pass are not included in the encode time."""
+        ids, rows = self.tokenize_parts(content)
         t = time.perf_counter()
-        ctx = self.method.encode(self, ids, progress)
+        with self.engine.input_rows(rows):
+            ctx = self.method.encode(self, ids, progress)
+        ctx.image_rows = rows
         ctx.encode_seconds = time.perf_counter() - t
         return ctx
 
@@ -176,8 +228,8 @@ class Pipeline:
         a short prompt), the model's own answer to a question that comes with no document."""
         return Context(self, QuestionAlone(), as_tensor(self.templater.prefix, self.engine.device))
 
-    def ask(self, text: str, question: str, **kwargs) -> Answer:
-        return self.encode(text).ask(question, **kwargs)
+    def ask(self, content, question: str, **kwargs) -> Answer:
+        return self.encode(content).ask(question, **kwargs)
 
 
 DTYPE_FLAGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

@@ -71,6 +71,9 @@ class Context:
     encode_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
     load_seconds: float | None = None      # set for a context read from a saved file
+    # the input embeddings of the context's image positions, which its ids past the vocabulary stand for
+    # (``Engine.input_rows``; docs/architecture.md, "Images in the input"); None: text only
+    image_rows: torch.Tensor | None = None
 
     def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
             on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
@@ -94,8 +97,9 @@ class Context:
         sampling = Sampling(temperature, top_p, seed, stop)
         templater = self.pipeline.templater
         part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix))
-        return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling,
-                                  fit_window=fit_window)
+        with self.pipeline.engine.input_rows(self.image_rows):
+            return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
+                                      sampling=sampling, fit_window=fit_window)
 
     def save(self, path) -> int:
         """Write this context to ``path`` (one safetensors file with a JSON manifest, atomically, see
@@ -132,6 +136,8 @@ class Method:
     Config: ClassVar[type | None] = None   # dataclass of the method's options; None: it takes none
     # False for methods whose per-layer cache arrangement assumes every layer attends to all it holds
     sliding_windows: ClassVar[bool] = True
+    # False for methods that read the context as text (retrievers), which an image's positions are not
+    takes_images: ClassVar[bool] = True
 
     def __init__(self, config=None):
         self.config = config

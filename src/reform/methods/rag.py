@@ -86,6 +86,8 @@ class Rag(Method, ABC):
     """Index passages at encode time; at question time recompute the template prefix + the retrieved
     passages (in order) + the question, and generate."""
 
+    takes_images = False     # passages are retrieved as text
+
     Config = RagConfig
 
     @abstractmethod

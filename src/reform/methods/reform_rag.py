@@ -41,6 +41,7 @@ class ReformRagConfig(ReformConfig):
 @register
 class ReformRag(Reform):
     name = "reform+rag"
+    takes_images = False     # its retriever reads the context as text
     Config = ReformRagConfig
 
     def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:

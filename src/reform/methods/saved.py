@@ -39,6 +39,8 @@ def context_tensors(ctx: Context) -> tuple[dict[str, torch.Tensor], dict]:
                 t = getattr(lc, part)
                 if t is not None and not (part == "keys" and keys == "rotated"):
                     tensors[f"cache.{i}.{part}"] = t
+    if ctx.image_rows is not None:       # what the context's image ids stand for (recomputed from them)
+        tensors["image_rows"] = ctx.image_rows
     state = ctx.method.saved_state(ctx)
     tensors.update({f"state.{k}": v for k, v in state.items()})
     return tensors, {"cache": layout}

@@ -1,0 +1,125 @@
+"""Images in the haystack: interleaved text and images through REFORM on a tiny random LLaVA.
+
+The image positions travel as ids past the vocabulary whose input embeddings come from the model's own
+vision code (``engine/vision.py``, ``Engine.input_rows``); with budgets covering the input REFORM must give
+transformers' own tokens for the same text and images, and a saved context must answer the same."""
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from reform.engine.layout import as_tensor
+from reform.pipeline import Pipeline
+
+from conftest import tiny_vlm
+
+WORDS = "The quick brown fox jumps over the lazy dog. What is the magic number? It is 42. "
+
+
+def picture(colour, text="7"):
+    image = Image.new("RGB", (40, 40), colour)
+    ImageDraw.Draw(image).text((12, 12), text, fill=(255, 255, 255))
+    return image
+
+
+def placeholder_ids(pipe, ids):
+    """The context's ids as the model's processor writes them: each image position its image token."""
+    out = ids.clone()
+    out[out >= pipe.engine.vocab] = pipe.engine.model.config.image_token_id
+    return out
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    return tiny_vlm()
+
+
+def make(vlm, **options):
+    model, tok, processor = vlm
+    opts = dict(heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=480)
+    opts.update(options)
+    return Pipeline(model, tok, processor=processor, **opts)
+
+
+def parts():
+    return [WORDS * 4, picture((200, 30, 30)), WORDS * 3, picture((30, 30, 200), "A"), WORDS * 4]
+
+
+def test_interleaved_input_with_covering_budget_equals_transformers_generate(vlm):
+    """Encoded in 64-token chunks on a 96-token cache (compressed, images included), then recomputed
+    whole: the same greedy tokens as ``model.generate`` with the same images, and the same first logits."""
+    pipe = make(vlm)
+    ctx = pipe.encode(parts())
+    n_images = int((ctx.ids >= pipe.engine.vocab).sum())
+    assert n_images == 32 and ctx.image_rows.shape == (32, 64)
+    assert ctx.ids.shape[0] > 3 * 96                       # longer than the cache: compression ran
+    question = "What is the magic number?"
+    answer = ctx.ask(question, max_new_tokens=8)
+    part = pipe.templater.question(question)
+    plain = torch.cat([placeholder_ids(pipe, ctx.ids), as_tensor(part.ids, "cpu")])
+    pixels = pipe.processor(text="<image><image>", images=[parts()[1], parts()[3]], return_tensors="pt",
+                            add_special_tokens=False)["pixel_values"]
+    assert answer.stats["recomputed_tokens"] == plain.shape[0]
+    with torch.no_grad():
+        hf = pipe.engine.model.generate(input_ids=plain[None], pixel_values=pixels, max_new_tokens=8, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)[0, plain.shape[0]:].tolist()
+    assert answer.tokens == hf[:len(answer.tokens)] and len(answer.tokens) > 0
+    # the recompute's last logits are transformers' with these images, and not with the images swapped
+    from reform.engine import KVCache
+    from reform.stats import Timer
+    prompt = pipe.method.prompt(ctx, part, Timer()).ids
+    assert torch.equal(placeholder_ids(pipe, prompt), plain)
+    with pipe.engine.input_rows(ctx.image_rows):
+        ours = pipe.engine.logits(pipe.engine.prefill(prompt, KVCache.empty(4), chunk_size=100)[-1:])
+    swapped = pipe.processor(text="<image><image>", images=[parts()[3], parts()[1]], return_tensors="pt",
+                             add_special_tokens=False)["pixel_values"]
+    with torch.no_grad():
+        ref = pipe.engine.model(input_ids=plain[None], pixel_values=pixels).logits[0, -1:]
+        other = pipe.engine.model(input_ids=plain[None], pixel_values=swapped).logits[0, -1:]
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    assert (other - ref).abs().max() > 1e-3
+
+
+def test_images_change_the_answer_path_and_a_saved_context_answers_the_same(vlm, tmp_path):
+    pipe = make(vlm, recompute_budget=200)
+    ctx = pipe.encode(parts())
+    first = ctx.ask("What colour is the picture?", max_new_tokens=6)
+    ctx.save(tmp_path / "mixed.reform")
+    loaded = pipe.load_context(tmp_path / "mixed.reform")
+    assert torch.equal(loaded.ids, ctx.ids) and torch.equal(loaded.image_rows, ctx.image_rows)
+    again = loaded.ask("What colour is the picture?", max_new_tokens=6)
+    assert again.tokens == first.tokens
+    # another picture in the same place is another context: another content key
+    other = pipe.tokenize_parts([WORDS * 4, picture((30, 200, 30)), WORDS * 3, picture((30, 30, 200), "A"), WORDS * 4])
+    assert torch.equal(other[0], ctx.ids)
+    assert pipe.context_key(ctx.ids, image_rows=ctx.image_rows) != pipe.context_key(other[0], image_rows=other[1])
+
+
+def test_image_parts_from_files_and_bytes(vlm, tmp_path):
+    import io
+    pipe = make(vlm)
+    path = tmp_path / "red.png"
+    picture((200, 30, 30)).save(path)
+    buffer = io.BytesIO()
+    picture((200, 30, 30)).save(buffer, format="PNG")
+    a, rows_a = pipe.tokenize_parts([WORDS, path])
+    b, rows_b = pipe.tokenize_parts([WORDS, buffer.getvalue()])
+    assert torch.equal(a, b) and torch.equal(rows_a, rows_b)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ([WORDS, 42], "must be text .* or an image"),
+    ([], "non-empty list"),
+    ([WORDS, b"not an image"], "not an image PIL can read"),
+])
+def test_bad_parts_are_refused_in_one_line(vlm, bad, message):
+    from reform.documents import DocumentError
+    with pytest.raises((TypeError, ValueError, DocumentError), match=message):
+        make(vlm).tokenize_parts(bad)
+
+
+def test_text_models_and_text_methods_refuse_images(vlm, tiny_model, tokenizer):
+    with pytest.raises(ValueError, match="takes no images"):
+        Pipeline(tiny_model, tokenizer, heads="1:v:0").encode([WORDS, picture((1, 2, 3))])
+    with pytest.raises(ValueError, match="reads the context as text and cannot take images"):
+        Pipeline(vlm[0], vlm[1], processor=vlm[2], method="rag-bm25").encode(parts())
