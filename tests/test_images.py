@@ -123,3 +123,26 @@ def test_text_models_and_text_methods_refuse_images(vlm, tiny_model, tokenizer):
         Pipeline(tiny_model, tokenizer, heads="1:v:0").encode([WORDS, picture((1, 2, 3))])
     with pytest.raises(ValueError, match="reads the context as text and cannot take images"):
         Pipeline(vlm[0], vlm[1], processor=vlm[2], method="rag-bm25").encode(parts())
+
+
+def test_reform_ask_takes_image_files_among_its_inputs(tiny_vlm_dir, tiny_model_dir, tmp_path):
+    """``reform ask notes.txt red.png more.txt -q ...`` on a saved tiny LLaVA: one JSON answer over text and
+    an image; an image for a text-only model, or a missing or broken image, is one line and exit 2."""
+    import json
+    from typer.testing import CliRunner
+    from reform.cli.main import app
+    notes, more, image, broken = (tmp_path / n for n in ("notes.txt", "more.txt", "red.png", "broken.png"))
+    notes.write_text(WORDS * 4)
+    more.write_text(WORDS * 3)
+    picture((200, 30, 30)).save(image)
+    broken.write_bytes(b"not a png")
+    common = ["-q", "What is the magic number?", "--max-new-tokens", "4", "--heads", "1:v:0,2:k:1", "--json"]
+    r = CliRunner().invoke(app, ["ask", str(notes), str(image), str(more), *common, "--model", str(tiny_vlm_dir)])
+    assert r.exit_code == 0, r.output
+    answer = json.loads(r.output.strip().splitlines()[-1])
+    assert answer["input_tokens"] > 16 and answer["method"] == "reform"
+    for files, model, message in (([notes, image], tiny_model_dir, "takes no images"),
+                                  ([notes, tmp_path / "gone.png"], tiny_vlm_dir, "image not found"),
+                                  ([notes, broken], tiny_vlm_dir, "not an image PIL can read")):
+        r = CliRunner().invoke(app, ["ask", *map(str, files), *common, "--model", str(model)])
+        assert r.exit_code == 2 and message in r.output, r.output

@@ -215,7 +215,12 @@ class Pipeline:
     def encode(self, content, progress: Callable[[int], None] | None = None) -> Context:
         """Encode ``content`` once: text, or a list of text and image parts (``tokenize_parts``). The
         tokenisation and the images' vision-tower pass are not included in the encode time."""
-        ids, rows = self.tokenize_parts(content)
+        return self.encode_tokens(*self.tokenize_parts(content), progress=progress)
+
+    def encode_tokens(self, ids: torch.Tensor, image_rows: torch.Tensor | None = None,
+                      progress: Callable[[int], None] | None = None) -> Context:
+        """Encode what ``tokenize_parts`` returned (callers that show progress over the tokens first)."""
+        rows = image_rows
         t = time.perf_counter()
         with self.engine.input_rows(rows):
             ctx = self.method.encode(self, ids, progress)

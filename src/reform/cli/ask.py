@@ -13,12 +13,14 @@ import typer
 
 from .common import (CliError, DeviceOpt, DtypeOpt, HeadsOpt, LoadArgs, MethodOpt, ModelOpt, SeedOpt, StopOpt,
                      TemperatureOpt, TopPOpt, app, build_pipeline, check_sampling, err, fail, load_saved_context,
-                     out, pipeline_from, read_text_file, run_question, with_load_options)
+                     out, pipeline_from, read_inputs, run_question, with_load_options)
 
 
 @app.command()
 @with_load_options
-def ask(file: Optional[Path] = typer.Argument(None, help="UTF-8 text file holding the context"),
+def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a UTF-8 text file, or several "
+                                                     "files in order, image files (.png, .jpg, ...) among them "
+                                                     "for a vision-language model", show_default=False),
         question: Optional[str] = typer.Option(None, "--question", "-q", help="the question to answer"),
         context: Optional[Path] = typer.Option(None, "--context", "-c", help="a context saved by `reform encode` "
                                                "(instead of FILE): answers without encoding again"),
@@ -28,13 +30,13 @@ def ask(file: Optional[Path] = typer.Argument(None, help="UTF-8 text file holdin
         stop: Optional[list[str]] = StopOpt,
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with the answer and stats"),
         *, load: LoadArgs):
-    """Answer QUESTION about FILE (or a saved --context), however long it is."""
+    """Answer QUESTION about FILE (or several files, images among them, or a saved --context), however long."""
     try:
         if question is None or not question.strip():
             raise CliError("a question is required: --question \"...\"")
         sampling = check_sampling(temperature, top_p, seed, stop)
-        if (file is None) == (context is None):
-            raise CliError("give either FILE or --context FILE.reform (exactly one)")
+        if (not files) == (context is None):
+            raise CliError("give either FILE... or --context FILE.reform (exactly one)")
         if context is not None:
             fixed = load.method_flags_given()
             if fixed:
@@ -44,9 +46,9 @@ def ask(file: Optional[Path] = typer.Argument(None, help="UTF-8 text file holdin
             answer = run_question(pipe, None, question, answer_prefix, max_new_tokens, as_json, ctx=ctx,
                                   sampling=sampling)
         else:
-            text = read_text_file(file)
+            content = read_inputs(files)
             pipe = pipeline_from(load.load())
-            answer = run_question(pipe, text, question, answer_prefix, max_new_tokens, as_json, sampling=sampling)
+            answer = run_question(pipe, content, question, answer_prefix, max_new_tokens, as_json, sampling=sampling)
     except CliError as e:
         fail(e)
     if as_json:

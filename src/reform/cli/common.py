@@ -277,14 +277,32 @@ def notes_as_lines():
         yield
 
 
-def encode_text(pipe, text: str, quiet: bool):
-    """Encode ``text`` with a progress bar over its tokens (refusals become one-line errors)."""
+def encode_text(pipe, content, quiet: bool):
+    """Encode ``content`` (text, or text and image parts: ``read_inputs``) with a progress bar over its
+    tokens (refusals become one-line errors)."""
     try:
-        n = pipe.tokenize_context(text).shape[0]
-        with encode_progress(n, quiet) as progress, notes_as_lines():
-            return pipe.encode(text, progress)
+        ids, rows = pipe.tokenize_parts(content)
+        with encode_progress(ids.shape[0], quiet) as progress, notes_as_lines():
+            return pipe.encode_tokens(ids, rows, progress)
     except ValueError as e:
         raise CliError(str(e)) from None
+
+
+def read_inputs(paths: list[Path]):
+    """The context of ``reform ask FILE...``: one text file's text, or the parts of several files in order,
+    image files (by suffix: .png, .jpg, ...) as images for a vision-language model, others as UTF-8 text."""
+    from ..documents import IMAGE_SUFFIXES
+    if len(paths) == 1 and paths[0].suffix.lower() not in IMAGE_SUFFIXES:
+        return read_text_file(paths[0])
+    parts = []
+    for path in paths:
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            if not path.is_file():
+                raise CliError(f"image not found: {path}")
+            parts.append(path)
+        else:
+            parts.append(read_text_file(path))
+    return parts
 
 
 def run_question(pipe, text: str | None, question: str, answer_prefix: str, max_new_tokens: int, as_json: bool,
