@@ -146,3 +146,45 @@ def test_reform_ask_takes_image_files_among_its_inputs(tiny_vlm_dir, tiny_model_
                                   ([notes, broken], tiny_vlm_dir, "not an image PIL can read")):
         r = CliRunner().invoke(app, ["ask", *map(str, files), *common, "--model", str(model)])
         assert r.exit_code == 2 and message in r.output, r.output
+
+
+def data_url(image) -> str:
+    import base64
+    import io
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_openai_client_sends_image_parts_to_reform_serve(vlm, tmp_path):
+    """The official ``openai`` client over loopback: a document with an image in a system message and a
+    question with an image of its own; the answer is the library's for the same parts. Bad images and
+    images for a text-only model are 400s in the OpenAI error shape."""
+    import openai
+    from test_server import LiveServer, make_pipe
+    red, blue = picture((200, 30, 30)), picture((30, 30, 200), "A")
+    messages = [{"role": "system", "content": [{"type": "text", "text": WORDS * 4},
+                                               {"type": "image_url", "image_url": {"url": data_url(red)}},
+                                               {"type": "text", "text": WORDS * 3}]},
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(blue)}},
+                                             {"type": "text", "text": "What is the magic number?"}]}]
+    pipe = make(vlm, recompute_budget=200)
+    expected = pipe.encode([WORDS * 4, red, WORDS * 3, "\n\n", blue]).ask("What is the magic number?", max_new_tokens=6)
+    assert expected.text and expected.stats["recomputed_tokens"] > 32
+    with LiveServer(pipe, tmp_path / "store") as server:
+        client = server.client()
+        got = client.chat.completions.create(model="reform", messages=messages, max_tokens=6)
+        assert got.choices[0].message.content == expected.text
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="reform", messages=messages, max_tokens=6, stream=True) if c.choices)
+        assert streamed == expected.text
+        for bad, words in (({"url": "https://example.com/cat.png"}, "must be a data URL"),
+                           ({"url": "data:image/png;base64,@@@"}, "not valid base64"),
+                           ({"url": "data:image/png;base64,aGVsbG8="}, "not an image")):
+            with pytest.raises(openai.BadRequestError, match=words):
+                client.chat.completions.create(model="reform", max_tokens=4, messages=[
+                    {"role": "user", "content": [{"type": "image_url", "image_url": bad},
+                                                 {"type": "text", "text": "What is this?"}]}])
+    with LiveServer(make_pipe(), tmp_path / "text-store") as server:
+        with pytest.raises(openai.BadRequestError, match="takes no images"):
+            server.client().chat.completions.create(model="reform", messages=messages, max_tokens=4)

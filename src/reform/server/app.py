@@ -207,6 +207,31 @@ class Service:
         key, _ = await self.key_of(text)
         return key, text, conv.question
 
+    async def check_images(self, parts: list, context_id: str | None) -> None:
+        """400 for images this server cannot take: a text-only model or method, an uploaded context beside
+        them, bytes that are no image; a 413 for a conversation whose text alone is over the token limit."""
+        from ..documents import DocumentError, read_image
+        from ..engine.vision import image_token_id
+        pipe = self.pipe
+        if context_id is not None:
+            raise ApiError(400, "images cannot be sent with a context_id; send the document in the messages",
+                           param="context_id")
+        if image_token_id(pipe.engine.model) is None or pipe.processor is None:
+            raise ApiError(400, f"model '{self.model_id}' takes no images; send text", param="messages")
+        if not pipe.method.takes_images:
+            raise ApiError(400, f"method '{pipe.method.name}' reads the context as text and cannot take images",
+                           param="messages")
+        for part in parts:
+            if isinstance(part, bytes):
+                try:
+                    await run_in_threadpool(read_image, part)
+                except DocumentError as e:
+                    raise ApiError(400, str(e), param="messages") from None
+        n = await run_in_threadpool(self.keys.tokens, "".join(p for p in parts if isinstance(p, str)))
+        if n > self.settings.max_context_tokens:
+            raise ApiError(413, f"the context has {n} text tokens, over this server's limit of "
+                                f"{self.settings.max_context_tokens}", code="context_too_large")
+
     async def fit_history(self, turns, question: str) -> str:
         if turns and await run_in_threadpool(self.keys.tokens, context_text(turns)) > self.history_limit:
             raise ApiError(400, f"the messages besides an uploaded context_id are over {self.history_limit} tokens; "
@@ -482,12 +507,21 @@ async def chat(request: Request):
         Sampling(**req.sampling())
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    key, text, question = await service.plan(Conversation.of(req.messages), req.context_id)
+    conv = Conversation.of(req.messages)
+    if conv.parts is not None:      # images: the conversation is encoded as it is, in the job (not stored)
+        await service.check_images(conv.parts, req.context_id)
+        key, text, question = None, None, conv.question
+    else:
+        key, text, question = await service.plan(conv, req.context_id)
     tokens = 0 if text is None else (await service.key_of(text))[1]
     asked = req.max_new_tokens()     # unset: up to the default, fewer where the window has less room
 
     def work(job):
-        ctx, encoded = worker.context(key, text, job) if key is not None else (service.pipe.without_context(), False)
+        if conv.parts is not None:
+            ctx, encoded = service.pipe.encode(conv.parts), True
+        else:
+            ctx, encoded = (worker.context(key, text, job) if key is not None
+                            else (service.pipe.without_context(), False))
         answer = ctx.ask(question, max_new_tokens=asked or settings.default_max_tokens, fit_window=asked is None,
                          on_text=lambda s: job.emit(("text", s)), **req.sampling())
         return answer, encoded or started_encode
@@ -504,7 +538,7 @@ async def chat(request: Request):
         if key is not None and not watched and (encode := worker.watch(key)) is not None:
             watched.append(encode)
         # with key: may answer during another's encode (as may a question without a context)
-        return worker.submit(work, stream=req.stream, key=key, no_context=key is None)
+        return worker.submit(work, stream=req.stream, key=key, no_context=key is None and conv.parts is None)
 
     def done_waiting() -> None:      # once per request, whichever way it ends
         while watched:

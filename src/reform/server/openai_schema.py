@@ -10,6 +10,8 @@ question (``split_conversation``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,19 +47,46 @@ class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict] | None = None
 
-    def text(self) -> str:
-        """The message's text; content parts other than text are refused."""
+    def parts(self) -> list[str | bytes]:
+        """The message's content in order: text parts as text, ``image_url`` parts (data URLs) as the
+        image's bytes; other part types are refused."""
         if self.content is None:
-            return ""
+            return []
         if isinstance(self.content, str):
-            return self.content
+            return [self.content]
         parts = []
         for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"message content of type '{part.get('type')}' is not supported; send text",
-                               param="messages")
-            parts.append(part["text"])
-        return "".join(parts)
+            if part.get("type") == "image_url":
+                parts.append(image_bytes(part.get("image_url")))
+            elif part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise ApiError(400, f"message content of type '{part.get('type')}' is not supported; send text "
+                                    "(or image_url parts to a vision-language model)", param="messages")
+        return parts
+
+    def text(self) -> str:
+        """The message's text parts, joined."""
+        return "".join(p for p in self.parts() if isinstance(p, str))
+
+    def has_images(self) -> bool:
+        return isinstance(self.content, list) and any(p.get("type") == "image_url" for p in self.content)
+
+
+def image_bytes(image_url) -> bytes:
+    """The bytes of an OpenAI ``image_url`` part: a ``data:image/...;base64,`` URL (the server fetches
+    nothing from the network, so web URLs are refused)."""
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise ApiError(400, "image_url must be a data URL (data:image/png;base64,...); this server does not fetch "
+                            "images from the network", param="messages")
+    header, _, payload = url.partition(",")
+    if not header.endswith(";base64"):
+        raise ApiError(400, "image_url's data URL must be base64-encoded (data:image/png;base64,...)", param="messages")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "image_url's data URL is not valid base64", param="messages") from None
 
 
 class StreamOptions(BaseModel):
@@ -123,6 +152,9 @@ class Conversation:
 
     earlier: list[tuple[str, str]]      # (role, text)
     question: str
+    # with images anywhere: the whole context as text and image parts in order (every earlier message,
+    # then the question's own images), encoded as it is (``Pipeline.encode``); None for text alone
+    parts: list[str | bytes] | None = None
 
     @classmethod
     def of(cls, messages: list[Message]) -> "Conversation":
@@ -132,13 +164,25 @@ class Conversation:
         if not question.strip():
             raise ApiError(400, "the last user message (the question) is empty", param="messages")
         earlier = [(m.role, m.text()) for m in messages[:-1]]
-        return cls([(r, t) for r, t in earlier if t.strip()], question)
+        parts = None
+        if any(m.has_images() for m in messages):
+            parts = []
+            for m in messages[:-1]:
+                content = [p for p in m.parts() if not isinstance(p, str) or p.strip()]
+                if content:
+                    parts += ([SEPARATOR] if parts else []) + content
+            images = [p for p in messages[-1].parts() if isinstance(p, bytes)]
+            parts += ([SEPARATOR] if parts and images else []) + images
+        return cls([(r, t) for r, t in earlier if t.strip()], question, parts)
+
+
+SEPARATOR = "\n\n"    # between messages in a context (``context_text``)
 
 
 def context_text(messages: list[tuple[str, str]]) -> str:
     """The context encoded for some earlier messages: their texts, blank-line separated (one message: its
     text exactly, so a document pasted in chat and the same text uploaded to /v1/contexts share an id)."""
-    return "\n\n".join(text for _, text in messages)
+    return SEPARATOR.join(text for _, text in messages)
 
 
 def history_question(turns: list[tuple[str, str]], question: str) -> str:
