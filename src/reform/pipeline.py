@@ -177,7 +177,6 @@ class Pipeline:
         image (a ``PIL.Image``, a ``pathlib.Path`` or raw bytes) goes through the model's processor (its
         placeholder ids and pixels) and the model's own vision code (``engine.vision.image_rows``), and its
         positions get ids past the vocabulary that stand for their rows (``Engine.input_rows``)."""
-        from .documents import read_image
         from .engine.vision import check_vision_model, image_rows
         if isinstance(parts, str):
             return self.tokenize_context(parts), None
@@ -198,11 +197,7 @@ class Pipeline:
                 raise ValueError(f"method '{self.method.name}' reads the context as text and cannot take images")
             if getattr(self.method.config, "segments", 1) > 1 and self.segment_runner is not None:
                 raise ValueError("a segment-parallel encode on other workers (segments > 1) cannot take images yet")
-            image = part.convert("RGB") if hasattr(part, "convert") else read_image(part)
-            got = self.processor(text=self.processor.image_token, images=[image], return_tensors="pt",
-                                 add_special_tokens=False)
-            pixels = {k: v for k, v in got.items() if k not in ("input_ids", "attention_mask")}
-            placeholder = got["input_ids"][0]
+            placeholder, pixels = self.prepare_image(part)
             mask, image_embeds = image_rows(self.engine.model, placeholder, pixels)
             first = self.engine.vocab + sum(r.shape[0] for r in rows)
             placeholder[mask.cpu()] = torch.arange(first, first + int(mask.sum()))
@@ -211,6 +206,15 @@ class Pipeline:
         if len(ids) == len(self.templater.prefix):
             raise ValueError("the context is empty")
         return as_tensor(ids, self.engine.device), torch.cat(rows) if rows else None
+
+    def prepare_image(self, image) -> tuple[torch.Tensor, dict]:
+        """``(placeholder ids, pixel tensors)`` the model's processor makes of one image (a ``PIL.Image``,
+        a ``Path`` or bytes): the ids the image occupies in the text and what its vision code reads."""
+        from .documents import read_image
+        image = image.convert("RGB") if hasattr(image, "convert") else read_image(image)
+        got = self.processor(text=self.processor.image_token, images=[image], return_tensors="pt",
+                             add_special_tokens=False)
+        return got["input_ids"][0], {k: v for k, v in got.items() if k not in ("input_ids", "attention_mask")}
 
     def encode(self, content, progress: Callable[[int], None] | None = None) -> Context:
         """Encode ``content`` once: text, or a list of text and image parts (``tokenize_parts``). The

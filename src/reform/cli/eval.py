@@ -33,6 +33,8 @@ SUITES_HELP = {
     "babilong": "BABILong-style reasoning: bAbI qa1-qa5 facts scattered through a natural-text haystack.",
     "shared": "Shared context: one haystack with 20 key-value facts, 20 questions asked in turn (encode once, "
               "ask many; method:query_aware=true compresses with the first question in view).",
+    "mm-niah": "MM-NIAH-style image haystacks for a vision-language model: text with drawn images, the needle a "
+               "sentence or an image; records whether the needle's positions were gathered.",
 }
 
 
@@ -125,7 +127,8 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
     with refused(UnsupportedModelError), notes_as_lines():
         rows = rows_for(loaded.tokenizer)
         metrics = run_eval(rows[:max_rows] if max_rows else rows, methods=specs, out_dir=out_dir,
-                           model=loaded.model, tokenizer=loaded.tokenizer, model_name=loaded.name, progress=err.is_terminal,
+                           model=loaded.model, tokenizer=loaded.tokenizer, processor=loaded.processor,
+                           model_name=loaded.name, progress=err.is_terminal,
                            console=err, resume=not fresh, force_over_window=force,
                            meta={**meta, "max_rows": max_rows}, explain=explain)
     show(out_dir / RESULTS, metrics)
@@ -192,14 +195,17 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
                                              "ruler/<the file's task folder or name>)"),
           max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
                                                        help="override the rows' answer length"),
+          images_root: Optional[Path] = typer.Option(None, "--images-root", help="MM-NIAH rows: the folder their "
+                                                     "image paths are relative to (default: FILE's folder)"),
           out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
           force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt,
           model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
-    """Run every row of FILE (each line validated first) through the methods."""
+    """Run every row of FILE (each line validated first) through the methods: our rows, RULER's or MM-NIAH's."""
     from ..eval.jsonl import read_rows
     try:
         with refused():
-            rows = read_rows(file, question_split=question_split, task=task, max_new_tokens=max_new_tokens)
+            rows = read_rows(file, question_split=question_split, task=task, max_new_tokens=max_new_tokens,
+                             images_root=images_root)
         evaluate(methods, out_dir or Path(f"runs/eval-{file.stem}"), model, device, dtype, rows_for=lambda _: rows,
                  meta={"suite": "jsonl", "source": str(file)}, max_rows=max_rows, force=force, fresh=fresh,
                  explain=explain)

@@ -8,6 +8,13 @@ with the row's ``answer_prefix``, the prefix is cut off first (RULER's ``prepare
 Prepare RULER data with ``--model_template_type base`` so ``input`` holds no chat markup: our pipeline
 applies the model's own chat template. The task is ``task`` if given, else the row's ``task`` field (newer
 RULER), else named after the file (``data/<task>/validation.jsonl`` -> ``ruler/<task>``).
+
+An MM-NIAH row (``images_list``, ``context`` with ``<image>`` marks, ``question``, ``answer``, ``meta``; the
+format of OpenGVLab/MM-NIAH) becomes a row with images for a vision-language model: image paths are
+resolved against ``images_root`` (default: the file's folder); a multiple-choice answer (an index into
+``meta.choices``) is asked with the options lettered A, B, ... and scored by the letter (``choice``).
+Rows that ask with images (``<image>`` in the question, image choices) or want a list (counting) are
+refused by line: reform asks questions as text and scores one answer.
 """
 
 from __future__ import annotations
@@ -62,6 +69,39 @@ def from_ruler(data: dict, task: str, marker: str | None, max_new_tokens: int) -
                sample=index if isinstance(index, int) else 0)
 
 
+def from_mm_niah(data: dict, task: str, images_root: Path, max_new_tokens: int) -> Row:
+    from .rows import IMAGE_MARK
+    meta = data.get("meta") or {}
+    context, question, answer = data.get("context"), data.get("question"), data.get("answer")
+    images = data.get("images_list") or []
+    if not isinstance(context, str) or not isinstance(question, str) or not isinstance(images, list):
+        raise ValueError("MM-NIAH rows need a string 'context' and 'question' and a list 'images_list'")
+    if IMAGE_MARK in question or meta.get("choices_image_path"):
+        raise ValueError("its question asks with images (an image needle picked by picture), which reform cannot "
+                         "ask yet: questions are text")
+    if context.count(IMAGE_MARK) != len(images):
+        raise ValueError(f"'context' has {context.count(IMAGE_MARK)} {IMAGE_MARK} marks for {len(images)} images")
+    scoring = {"metric": "contains"}
+    if isinstance(answer, bool) or isinstance(answer, list):
+        raise ValueError("list answers (MM-NIAH counting) are not scored by reform eval yet")
+    if isinstance(answer, int):
+        choices = meta.get("choices")
+        if not isinstance(choices, list) or not 0 <= answer < len(choices) or len(choices) > 26:
+            raise ValueError("a multiple-choice 'answer' must index 'meta.choices' (at most 26 text options)")
+        question += "\n" + "\n".join(f"{chr(65 + i)}. {c}" for i, c in enumerate(choices)) + \
+            "\nAnswer with the option's letter."
+        answer, scoring = chr(65 + answer), {"metric": "choice"}
+    if not isinstance(answer, str):
+        raise ValueError("'answer' must be a string or an option index")
+    depth = meta.get("placed_depth")
+    depth = depth if isinstance(depth, (int, float)) and not isinstance(depth, bool) else None
+    index = data.get("id", 0)
+    return Row(context=context, question=question, answers=[answer], task=task,
+               length=int(meta.get("context_length") or 0), depth=depth, max_new_tokens=max_new_tokens,
+               sample=index if isinstance(index, int) else 0, meta=scoring,
+               images=[str((images_root / image).resolve()) for image in images])
+
+
 def check_row(row: Row) -> Row:
     """Types and ranges the runner relies on (``Row.from_json`` checks names and ``answers``)."""
     for name in ("context", "question"):
@@ -81,13 +121,17 @@ def check_row(row: Row) -> Row:
         raise ValueError("'depth' must be a number from 0 to 1, or null")
     if not row.answers:
         raise ValueError("'answers' is empty")
+    if not isinstance(row.images, list) or not all(isinstance(i, str) and i for i in row.images):
+        raise ValueError("'images' must be a list of image paths or data URLs")
+    if row.images:
+        row.content()          # as many <image> marks as images
     return row
 
 
 def read_rows(path: str | Path, *, question_split: str | None = None, task: str | None = None,
-              max_new_tokens: int | None = None) -> list[Row]:
+              max_new_tokens: int | None = None, images_root: str | Path | None = None) -> list[Row]:
     """Every row of ``path`` (blank lines skipped), each validated; ``max_new_tokens`` overrides the
-    rows' own (RULER rows default to 64)."""
+    rows' own (RULER rows default to 64, MM-NIAH rows to 32)."""
     path = Path(path)
     if not path.is_file():
         raise RowFileError(f"file not found: {path}" if not path.exists() else f"{path} is not a file")
@@ -103,7 +147,10 @@ def read_rows(path: str | Path, *, question_split: str | None = None, task: str 
             data = json.loads(line)
             if not isinstance(data, dict):
                 raise ValueError("a row must be a JSON object")
-            if "context" not in data and {"input", "outputs"} <= set(data):
+            if "images_list" in data:
+                row = from_mm_niah(data, task or f"mm-niah/{path.stem}", Path(images_root or path.parent),
+                                   max_new_tokens or 32)
+            elif "context" not in data and {"input", "outputs"} <= set(data):
                 name = task or (f"ruler/{data['task']}" if isinstance(data.get("task"), str) else default_task(path))
                 row = from_ruler(data, name, question_split, max_new_tokens or 64)
             else:

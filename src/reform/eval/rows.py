@@ -7,9 +7,13 @@ haystack (RULER multi-query, BABILong) pay for one encode.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+IMAGE_MARK = "<image>"     # where each of a row's images sits in its context (MM-NIAH's own convention)
 
 
 @dataclass
@@ -24,17 +28,40 @@ class Row:
     max_new_tokens: int = 32
     sample: int = 0              # sample index within (task, length[, depth])
     meta: dict = field(default_factory=dict)
+    # images for a vision-language model, one per IMAGE_MARK in ``context`` in order: PNG/JPEG data URLs
+    # or paths to image files
+    images: list[str] = field(default_factory=list)
+
+    def _hashed(self) -> str:
+        return self.context + "".join("\x00" + image for image in self.images)
 
     @property
     def id(self) -> str:
-        """Stable id: task, length, depth, sample and a hash of the question + context."""
-        h = hashlib.sha1((self.question + "\x00" + self.context).encode()).hexdigest()[:10]
+        """Stable id: task, length, depth, sample and a hash of the question + context (+ images)."""
+        h = hashlib.sha1((self.question + "\x00" + self._hashed()).encode()).hexdigest()[:10]
         depth = "" if self.depth is None else f"-d{round(self.depth * 100)}"
         return f"{self.task}-{self.length}{depth}-s{self.sample}-{h}"
 
     @property
     def context_key(self) -> str:
-        return hashlib.sha1(self.context.encode()).hexdigest()
+        return hashlib.sha1(self._hashed().encode()).hexdigest()
+
+    def content(self):
+        """What ``Pipeline.encode`` takes: the context text, or with images its text and image parts in
+        order (data URLs as the image's bytes, paths as ``Path``)."""
+        if not self.images:
+            return self.context
+        pieces = self.context.split(IMAGE_MARK)
+        if len(pieces) != len(self.images) + 1:
+            raise ValueError(f"row {self.id}: {len(pieces) - 1} {IMAGE_MARK} marks for {len(self.images)} images")
+        parts = [pieces[0]]
+        for image, text in zip(self.images, pieces[1:]):
+            if image.startswith("data:"):
+                parts.append(base64.b64decode(image.partition(",")[2]))
+            else:
+                parts.append(Path(image))
+            parts.append(text)
+        return [p for p in parts if not isinstance(p, str) or p]
 
     def to_json(self) -> dict:
         return asdict(self)

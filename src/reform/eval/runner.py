@@ -37,8 +37,9 @@ def group_by_context(rows: Iterable[Row]) -> list[list[Row]]:
     return list(groups.values())
 
 
-def encode(pipe, text: str, force_over_window: bool, progress: "RowProgress"):
-    """``pipe.encode(text)``; full attention past the window raises ``PastWindowWarning`` unless forced."""
+def encode(pipe, text, force_over_window: bool, progress: "RowProgress"):
+    """``pipe.encode(text)`` (text, or text and image parts); full attention past the window raises
+    ``PastWindowWarning`` unless forced."""
     from ..methods.full import PastWindowWarning
     from ..stats import reset_peak_memory
     reset_peak_memory()                         # each context's peak memory is its own
@@ -57,7 +58,9 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
     ``explain``: a row whose gold strings were not all gathered gets the gather's view of them
     (``reform.eval.explain``) under ``explain``, for methods that gather by score."""
     from ..methods.full import PastWindowWarning
-    text = rows[0].context + (f"\n\n{first_question}" if first_question else "")
+    text = rows[0].content()
+    if first_question:
+        text = text + f"\n\n{first_question}" if isinstance(text, str) else [*text, f"\n\n{first_question}"]
     try:
         ctx = encode(pipe, text, force_over_window, progress or RowProgress(False, 0))
     except PastWindowWarning as w:
@@ -74,18 +77,48 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
         except ValueError as e:
             yield row, "error", {"reason": str(e)}
             continue
+        text_ids = ctx.ids if ctx.image_rows is None else image_ids_as_marks(pipe, ctx.ids)
         if ans.kept is not None and context_text is None:
-            context_text = pipe.tokenizer.decode(ctx.ids.tolist())
-        flags = gold_kept(pipe.tokenizer, ctx.ids, ans.kept, evidence(row), context_text)
+            context_text = pipe.tokenizer.decode(text_ids.tolist())
+        flags = gold_kept(pipe.tokenizer, text_ids, ans.kept, evidence(row), context_text)
         stats = {**ans.stats, "encode_shared_by": len(rows)}
         record = {"prediction": ans.text, "context_tokens": int(ctx.ids.shape[0]), "input_tokens": ans.input_tokens,
                   "stats": stats, "recall": recall(flags), "gold_kept": flags,
                   "kept_tokens": None if ans.kept is None else int(ans.kept.numel())}
+        if "needle_image" in row.meta:       # an image needle: the share of its positions gathered
+            share = image_kept(pipe, ctx.ids, ans.kept, row, row.meta["needle_image"])
+            record.update(recall=None if share is None else float(share == 1.0), gold_kept=[share == 1.0],
+                          needle_image_kept=share)
         if explain and record["recall"] is not None and record["recall"] < 1 and hasattr(ctx.method, "scores"):
             from .explain import explain as explain_miss
             part = pipe.templater.question(row.question, row.answer_prefix)
             record["explain"] = explain_miss(ctx, part, evidence(row), ans.kept)
         yield row, "ok", record
+
+
+def image_ids_as_marks(pipe, ids):
+    """``ids`` with every image position as the model's image token (decodes to a mark, not garbage)."""
+    from ..engine.vision import image_token_id
+    return ids.masked_fill(ids >= pipe.engine.vocab, image_token_id(pipe.engine.model))
+
+
+def image_kept(pipe, ids, kept, row: Row, index: int) -> float | None:
+    """The share of image ``index``'s positions among ``kept`` (None: the method keeps no token set).
+    Images take their ids past the vocabulary in order, as many as the processor gives each."""
+    import torch
+    if kept is None:
+        return None
+    images = [p for p in row.content() if not isinstance(p, str)]
+    sizes = [image_positions(pipe, image) for image in images[:index + 1]]
+    first = pipe.engine.vocab + sum(sizes[:index])
+    where = ((ids >= first) & (ids < first + sizes[index])).nonzero().flatten()
+    return float(torch.isin(where, kept.to(where.device)).float().mean())
+
+
+def image_positions(pipe, image) -> int:
+    """How many image-token positions the model's processor gives ``image`` (bytes or a path)."""
+    from ..engine.vision import image_token_id
+    return int((pipe.prepare_image(image)[0] == image_token_id(pipe.engine.model)).sum())
 
 
 def resolved_options(method) -> dict | None:
@@ -154,9 +187,10 @@ class RowProgress:
         if self.bar is not None:
             self.bar.advance(self.rows)
 
-    def encoding(self, pipe, text: str) -> Callable[[int], None] | None:
-        """The encode progress callback for ``text`` (None for short contexts or when disabled)."""
-        if self.bar is None or len(text) < self.LONG:
+    def encoding(self, pipe, text) -> Callable[[int], None] | None:
+        """The encode progress callback for ``text`` (None for short contexts, contexts with images or
+        when disabled)."""
+        if self.bar is None or not isinstance(text, str) or len(text) < self.LONG:
             return None
         self.bar.reset(self.tokens, total=pipe.tokenize_context(text).shape[0], visible=True)
         return lambda n: self.bar.advance(self.tokens, n)
@@ -172,7 +206,7 @@ def pending(rows: list[Row], hashes: dict[str, str], done: set) -> dict[str, set
 
 
 def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_name: str, model=None,
-             tokenizer=None, loader: Callable | None = None, scorer: Callable[[Row, str], float] | None = None,
+             tokenizer=None, processor=None, loader: Callable | None = None, scorer: Callable[[Row, str], float] | None = None,
              progress: bool = False, console=None, resume: bool = True, force_over_window: bool = False,
              use_chat_template: bool = True, meta: dict | None = None, plots: bool = True,
              explain: bool = False) -> dict:
@@ -210,8 +244,8 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
     if total:
         if model is None:
             loaded = loader()
-            model, tokenizer = loaded.model, loaded.tokenizer
-        pipes = {s.label: Pipeline(model, tokenizer, model_name=model_name, method=s.name,
+            model, tokenizer, processor = loaded.model, loaded.tokenizer, getattr(loaded, "processor", None)
+        pipes = {s.label: Pipeline(model, tokenizer, model_name=model_name, method=s.name, processor=processor,
                                    use_chat_template=use_chat_template, **s.method_options) for s in specs}
         for entry in config["methods"]:     # the options every default resolved to, for the record
             if entry["label"] in pipes:

@@ -7,6 +7,7 @@ of ``reform.eval``, layer 6 of docs/architecture.md.
 * ``ruler``: RULER's 11 synthetic tasks (retrieval, variable tracking, aggregation) -- :mod:`.ruler`;
 * ``babilong``: bAbI qa1-qa5 facts scattered through natural text -- :mod:`.babilong`;
 * ``shared``: one context with 20 key-value facts, 20 questions asked in turn -- :mod:`.shared`;
+* ``mm-niah``: text with images, a sentence or an image as the needle (vision-language models) -- :mod:`.mm_niah`;
 
 and :func:`.scoring.score` grades an answer by the metric each row names in ``meta["metric"]``.
 Every row's ``context`` is about ``length`` tokens of the given tokenizer (within 1 %), built by
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..rows import Row
-from . import babilong, niah, ruler, shared
+from . import babilong, mm_niah, niah, ruler, shared
 from .scoring import score
 
 
@@ -35,6 +36,7 @@ SUITES = {
     "ruler": Suite(ruler.TASKS, ruler.generate),
     "babilong": Suite(babilong.TASKS, babilong.generate),
     "shared": Suite(shared.TASKS, shared.generate),
+    "mm-niah": Suite(mm_niah.TASKS, mm_niah.generate),
 }
 
 

@@ -49,7 +49,13 @@ def babilong_match(prediction: str, answer: str, question: str, labels) -> float
     return float(found == {answer.lower()})
 
 
-METRICS = ("string_match_all", "string_match_part", "contains", "babilong")
+def choice_match(prediction: str, letter: str) -> float:
+    """A multiple-choice answer: 1 if the prediction's first option letter (``B``, ``(B)``, ``B.``) is the gold one."""
+    found = re.match(r"\W*([A-Z])\b", clean(prediction))
+    return float(found is not None and found.group(1) == letter)
+
+
+METRICS = ("string_match_all", "string_match_part", "contains", "babilong", "choice")
 
 
 def score(row: Row, prediction: str) -> float:
@@ -62,4 +68,6 @@ def score(row: Row, prediction: str) -> float:
     if metric == "babilong":
         return max((babilong_match(prediction, a, row.question, row.meta.get("labels", ())) for a in row.answers),
                    default=0.0)
+    if metric == "choice":
+        return max(choice_match(prediction, a) for a in row.answers)
     raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
