@@ -331,7 +331,7 @@ class Engine:
         """Inside the ``with`` block, token id ``vocab + j`` is embedded as ``rows[j]`` instead of a row of
         the embedding table: how an image's positions travel through every method unchanged (gathered,
         recomputed, saved) as ids, while their input embeddings, the vision tower's output, come from
-        ``rows`` (docs/architecture.md, "Images in the input")."""
+        ``rows`` (docs/architecture.md, "Where per-model behaviour lives")."""
         token = _INPUT_ROWS.set(rows)
         try:
             yield

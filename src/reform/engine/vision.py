@@ -10,7 +10,7 @@ of its own code) and is stopped at the entrance of its language model, whose ``i
 
 What the engine cannot reproduce is refused there, by what the model hands its language model: its own
 attention mask (Gemma 3 lets an image's tokens attend to each other both ways) or positions of more than
-one axis (Qwen2-VL's multimodal RoPE). See docs/architecture.md, "Images in the input".
+one axis (Qwen2-VL's multimodal RoPE). See docs/architecture.md, "Where per-model behaviour lives".
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class Context:
     extra: dict = field(default_factory=dict)
     load_seconds: float | None = None      # set for a context read from a saved file
     # the input embeddings of the context's image positions, which its ids past the vocabulary stand for
-    # (``Engine.input_rows``; docs/architecture.md, "Images in the input"); None: text only
+    # (``Engine.input_rows``; docs/architecture.md, "Where per-model behaviour lives"); None: text only
     image_rows: torch.Tensor | None = None
 
     def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
