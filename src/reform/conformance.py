@@ -202,8 +202,9 @@ IMAGE_START = 101     # Qwen2-VL's <|vision_start|>
 class VisionVariant:
     """A tiny vision-language model: its config, how many placeholder tokens one 28x28 image takes, and
     the pixel tensors its processor would return for ``n`` images (``pixels``: "plain" [n, 3, H, W],
-    "sizes" the same with ``image_sizes``, "batched" [1, n, 3, H, W], "patches" Qwen2-VL's flattened
-    patches with ``image_grid_thw``)."""
+    "sizes" the same with ``image_sizes``, "tiles" [n, 2, 3, H, W] (the whole image and one tile, as
+    LLaVA-NeXT's processor cuts them) with ``image_sizes``, "batched" [1, n, 3, H, W], "patches"
+    Qwen2-VL's flattened patches with ``image_grid_thw``)."""
 
     model_type: str
     config: dict
@@ -216,6 +217,10 @@ VISION_VARIANTS: dict[str, VisionVariant] = {
         text_config={**_TEXT, "model_type": "llama"}, image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu",
         vision_config={**_VISION, "model_type": "clip_vision_model", "projection_dim": 32},
         vision_feature_layer=-1, vision_feature_select_strategy="default"), 16),
+    "llava_next (any resolution)": VisionVariant("llava_next", dict(
+        text_config={**_TEXT, "model_type": "llama"}, image_token_id=IMAGE_TOKEN, image_grid_pinpoints=[[28, 28]],
+        vision_config={**_VISION, "model_type": "clip_vision_model", "projection_dim": 32},
+        vision_feature_layer=-1, vision_feature_select_strategy="default"), 36, "tiles"),
     "mistral3 (Pixtral)": VisionVariant("mistral3", dict(
         text_config={**_TEXT, "model_type": "mistral", "sliding_window": None}, image_token_id=IMAGE_TOKEN,
         vision_config={**_VISION, "model_type": "pixtral", "head_dim": 16}, spatial_merge_size=2,
@@ -268,9 +273,9 @@ def vision_input(variant: VisionVariant, images: int = 2, seed: int = 1) -> tupl
                   "image_grid_thw": torch.tensor([[1, 4, 4]] * images),
                   "mm_token_type_ids": (ids == IMAGE_TOKEN).long()[None]}
     else:
-        pv = torch.randn(images, 3, 28, 28, generator=g)
+        pv = torch.randn(images, *((2,) if variant.pixels == "tiles" else ()), 3, 28, 28, generator=g)
         pixels = {"pixel_values": pv[None] if variant.pixels == "batched" else pv}
-        if variant.pixels == "sizes":
+        if variant.pixels in ("sizes", "tiles"):
             pixels["image_sizes"] = torch.tensor([[28, 28]] * images)
     return ids, pixels
 

@@ -211,8 +211,8 @@ def load_model(model: str | None = None, *, device: str | None = None, dtype: st
         tok = AutoTokenizer.from_pretrained(source, **extra)
         loader = AutoModelForCausalLM
         if "gguf_file" not in extra and _has_vision(source):   # a vision-language model: images through its processor
-            from transformers import AutoModelForImageTextToText, AutoProcessor
-            loader, processor = AutoModelForImageTextToText, AutoProcessor.from_pretrained(source)
+            from transformers import AutoModelForImageTextToText
+            loader, processor = AutoModelForImageTextToText, _processor(source)
         # GGUF weights are dequantised on load; do it in fp32 and cast (direct bf16 loads are slower).
         m = loader.from_pretrained(source, dtype=torch.float32 if "gguf_file" in extra else dt, **extra)
     except (OSError, ValueError, KeyError) as e:  # unknown id, no network, unsupported architecture
@@ -223,6 +223,16 @@ def load_model(model: str | None = None, *, device: str | None = None, dtype: st
     # a packaged model is the hub model it was quantised from (its preset's id)
     return LoadedModel(m, tok, PACKAGED[model or DEFAULT_MODEL].hub_id if not model or model in PACKAGED else model,
                        processor)
+
+
+def _processor(source: str):
+    """The checkpoint's processor, or None where it ships none (its text model still runs; images are
+    then refused in one line when given)."""
+    from transformers import AutoProcessor
+    try:
+        return AutoProcessor.from_pretrained(source)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _has_vision(source: str) -> bool:
