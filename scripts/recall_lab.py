@@ -4,7 +4,7 @@ variant costs seconds, not an encode).
 
     python scripts/recall_lab.py encode --contexts /tmp/lab --lengths 64k,128k --tasks niah_multikey_3,vt --samples 5
     python scripts/recall_lab.py measure --contexts /tmp/lab --out docs/results/recall-lab [--variants paper,rounds2] \
-        [--answer-runs 16]      # also answer with REFORM's match_run at 0 and 16, scored
+        [--answer-runs 16,runpeaks1]   # also answer with the paper's gather, match_run=16 and runpeaks1, scored
 
 ``encode`` saves one ``.reform`` file per row (resumable: a row already saved is skipped) beside a JSON
 line describing the row (task, length, sample, question, gold strings); ``measure`` loads each, gathers
@@ -16,8 +16,10 @@ with every variant (``reform.methods.gather``), and writes recall per variant an
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -67,7 +69,7 @@ def measure(args) -> None:
         part = pipe.templater.question(meta["question"], meta["answer_prefix"])
         text = pipe.tokenizer.decode(ctx.ids.tolist())
         if meta["id"] in rows:
-            answers += answer(ctx, rows[meta["id"]], [0] + [int(r) for r in args.answer_runs.split(",")], text)
+            answers += answer(ctx, rows[meta["id"]], args.answer_runs.split(","), text)
         for name in variants:
             t = time.perf_counter()
             with torch.inference_mode():
@@ -99,17 +101,23 @@ def answer_rows(pipe, metas: list[dict]) -> dict:
     return found
 
 
-def answer(ctx, row, runs: list[int], text: str) -> list[dict]:
-    """Answer ``row`` with REFORM's ``match_run`` at each of ``runs`` (0: the paper's gather): score and recall."""
-    from dataclasses import replace
-
+def answer(ctx, row, variants: list[str], text: str) -> list[dict]:
+    """Answer ``row`` with the paper's gather and each of ``variants`` (a number: REFORM's ``match_run``;
+    a name: that gather variant of ``reform.methods.gather``): score and recall."""
     from reform.eval.tasks.scoring import score
+    from reform.methods.gather import VARIANTS
     base, out = ctx.method, []
-    for run in runs:
-        ctx.method = type(base)(replace(base.config, match_run=run))
+    for variant in ["paper"] + [v for v in variants if v != "paper"]:
+        method = copy.copy(base)
+        if variant.isdigit():
+            method.config = replace(base.config, match_run=int(variant))
+        elif variant != "paper":
+            method.select = lambda c, part, timer, pick=VARIANTS[variant]: pick(c, part)
+        ctx.method = method
         ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens)
         flags = gold_kept(ctx.pipeline.tokenizer, ctx.ids, ans.kept, evidence(row), text)
-        out.append({"id": row.id, "task": row.task, "length": row.length, "match_run": run, "recall": recall(flags),
+        out.append({"id": row.id, "task": row.task, "length": row.length,
+                    "match_run": f"match_run={variant}" if variant.isdigit() else variant, "recall": recall(flags),
                     "score": score(row, ans.text), "prediction": ans.text, "stats": ans.stats})
     ctx.method = base
     return out
@@ -118,9 +126,9 @@ def answer(ctx, row, runs: list[int], text: str) -> list[dict]:
 def answer_table(answers: list[dict]) -> str:
     if not answers:
         return ""
-    runs = sorted({a["match_run"] for a in answers})
+    runs = list(dict.fromkeys(a["match_run"] for a in answers))
     lines = ["", "Answers (score %, mean over rows; recall of the answered gather in brackets):", "",
-             "| task | length | rows | " + " | ".join(f"match_run={r}" for r in runs) + " |",
+             "| task | length | rows | " + " | ".join(runs) + " |",
              "|---|---|---|" + "---|" * len(runs)]
     for task, length in sorted({(a["task"], a["length"]) for a in answers}) + [("**all**", None)]:
         cells = []
@@ -166,8 +174,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default=None, help="comma-separated (default: all)")
-    ap.add_argument("--answer-runs", default=None, help="also answer each row with REFORM's match_run at 0 and "
-                    "these values (comma-separated), scored")
+    ap.add_argument("--answer-runs", default=None, help="also answer each row with the paper's gather and each of "
+                    "these (comma-separated: a number is REFORM's match_run, a name a gather variant), scored")
     args = ap.parse_args()
     if args.step == "measure" and not args.out:
         ap.error("measure needs --out")
