@@ -262,3 +262,29 @@ def test_choice_scoring():
     from reform.eval.tasks.scoring import score
     row = Row("ctx", "q", ["B"], "t", 0, meta={"metric": "choice"})
     assert [score(row, p) for p in ("B", "(B) 17", " B. seventeen", "A", "Because", "")] == [1, 1, 1, 0, 0, 0]
+
+
+def test_past_the_window_the_answer_is_transformers_over_the_gathered_positions():
+    """An interleaved input over twice the model's window: REFORM gathers some text and image positions
+    (images possibly in part) and its answer is ``model.generate`` over exactly those positions' input
+    embeddings, the image rows included."""
+    from reform.stats import Timer
+    model, tok, processor = tiny_vlm(window=256)
+    pipe = Pipeline(model, tok, processor=processor, heads="1:v:0,2:q:3,1:k:1", chunk_size=48, cache_budget=64,
+                    recompute_budget=160)
+    parts = []
+    for i, colour in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)]):
+        parts += [WORDS * 4, picture(colour, str(i))]
+    ctx = pipe.encode(parts + [WORDS])
+    assert ctx.ids.shape[0] > 2 * 256
+    question = "What colour is picture 2?"
+    answer = ctx.ask(question, max_new_tokens=8)
+    prompt = pipe.method.prompt(ctx, pipe.templater.question(question), Timer()).ids
+    images = prompt >= pipe.engine.vocab
+    assert images.any(), "the gather kept no image position: the check below would be text only"
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(prompt.masked_fill(images, 0))
+        embeds[images] = ctx.image_rows[prompt[images] - pipe.engine.vocab]
+        hf = model.generate(inputs_embeds=embeds[None], max_new_tokens=8, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0].tolist()
+    assert answer.tokens == hf[:len(answer.tokens)] and answer.tokens
