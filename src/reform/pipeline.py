@@ -177,7 +177,7 @@ class Pipeline:
         image (a ``PIL.Image``, a ``pathlib.Path`` or raw bytes) goes through the model's processor (its
         placeholder ids and pixels) and the model's own vision code (``engine.vision.image_rows``), and its
         positions get ids past the vocabulary that stand for their rows (``Engine.input_rows``)."""
-        from .engine.vision import check_vision_model, image_rows
+        from .engine.vision import image_rows
         if isinstance(parts, str):
             return self.tokenize_context(parts), None
         if not isinstance(parts, (list, tuple)) or not parts:
@@ -190,13 +190,8 @@ class Pipeline:
             if not (hasattr(part, "convert") or isinstance(part, (Path, bytes, bytearray))):
                 raise TypeError(f"a context part must be text (str) or an image (PIL image, Path or bytes), "
                                 f"got {type(part).__name__}")
-            check_vision_model(self.engine.model)
-            if self.processor is None:
-                raise ValueError(f"{self.model_name} has no processor to prepare images (give Pipeline one)")
-            if not self.method.takes_images:
-                raise ValueError(f"method '{self.method.name}' reads the context as text and cannot take images")
-            if getattr(self.method.config, "segments", 1) > 1 and self.segment_runner is not None:
-                raise ValueError("a segment-parallel encode on other workers (segments > 1) cannot take images yet")
+            if not rows:
+                self.check_takes_images()
             placeholder, pixels = self.prepare_image(part)
             mask, image_embeds = image_rows(self.engine.model, placeholder, pixels)
             first = self.engine.vocab + sum(r.shape[0] for r in rows)
@@ -206,6 +201,18 @@ class Pipeline:
         if len(ids) == len(self.templater.prefix):
             raise ValueError("the context is empty")
         return as_tensor(ids, self.engine.device), torch.cat(rows) if rows else None
+
+    def check_takes_images(self) -> None:
+        """Refuse, in one line (``ValueError``), images for this pipeline: a model without a vision tower or
+        processor, a method that reads the context as text, a segment-parallel encode on other workers."""
+        from .engine.vision import check_vision_model
+        check_vision_model(self.engine.model)
+        if self.processor is None:
+            raise ValueError(f"{self.model_name} has no processor to prepare images (give Pipeline one)")
+        if not self.method.takes_images:
+            raise ValueError(f"method '{self.method.name}' reads the context as text and cannot take images")
+        if getattr(self.method.config, "segments", 1) > 1 and self.segment_runner is not None:
+            raise ValueError("a segment-parallel encode on other workers (segments > 1) cannot take images yet")
 
     def prepare_image(self, image) -> tuple[torch.Tensor, dict]:
         """``(placeholder ids, pixel tensors)`` the model's processor makes of one image (a ``PIL.Image``,

@@ -211,16 +211,13 @@ class Service:
         """400 for images this server cannot take: a text-only model or method, an uploaded context beside
         them, bytes that are no image; a 413 for a conversation whose text alone is over the token limit."""
         from ..documents import DocumentError, read_image
-        from ..engine.vision import image_token_id
-        pipe = self.pipe
         if context_id is not None:
             raise ApiError(400, "images cannot be sent with a context_id; send the document in the messages",
                            param="context_id")
-        if image_token_id(pipe.engine.model) is None or pipe.processor is None:
-            raise ApiError(400, f"model '{self.model_id}' takes no images; send text", param="messages")
-        if not pipe.method.takes_images:
-            raise ApiError(400, f"method '{pipe.method.name}' reads the context as text and cannot take images",
-                           param="messages")
+        try:
+            self.pipe.check_takes_images()
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
         for part in parts:
             if isinstance(part, bytes):
                 try:
