@@ -1,5 +1,6 @@
 """REFORM's gather stage on hand-made scores and embeddings."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -84,3 +85,33 @@ def test_gather_variants_keep_the_budget_and_the_ends():
         assert kept.numel() == 100 and torch.equal(kept, torch.sort(torch.unique(kept)).values), name
         assert set(range(8)) | set(range(n - 8, n)) <= set(kept.tolist()), name
     assert torch.equal(VARIANTS["paper"](ctx, part), ctx.method.select(ctx, part, None))
+
+
+def test_run_peaks_gather_the_best_ordered_run_first_and_keep_the_rest_of_the_paper_ranking():
+    """REFORM's ``run_peaks``: the window around the best ordered run is gathered even where the paper's
+    ranking puts it last; the rest of the budget is the paper's, and saved options stay as before at 0."""
+    import sys
+    from dataclasses import replace
+    sys.path.insert(0, "tests")
+    from conftest import CharTokenizer, tiny
+    from reform.methods.options import options_json
+    from reform.methods.reform import PEAK_RUN, RUN_AFTER, RUN_BEFORE, ordered_run_scores
+    from reform.pipeline import Pipeline
+    from reform.stats import Timer
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
+                    recompute_budget=200, gather_keep=8, pool_window=9)
+    ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 8 + "VAR KWY = VAR QXZ. The sky is blue. " * 8)
+    part = pipe.templater.question("Which variables hold 4711?")
+    paper = ctx.method.select(ctx, part, Timer())
+    peaks = type(ctx.method)(replace(ctx.method.config, run_peaks=1))
+    kept = peaks.select(ctx, part, Timer())
+    runs = ordered_run_scores(ctx.state.data, ctx.method.query_embeddings(ctx, part), PEAK_RUN)
+    runs[:8] = runs[-8:] = float("-inf")                      # the ends are kept anyway
+    best = set(torch.nonzero(runs == runs.max()).flatten().tolist())     # the best run's tokens (ties)
+    assert best <= set(kept.tolist()) and not best <= set(paper.tolist())
+    assert kept.numel() == paper.numel() == 200
+    window = RUN_BEFORE + RUN_AFTER + 1
+    assert len(set(kept.tolist()) & set(paper.tolist())) >= 200 - window    # the rest: the paper's choice
+    assert "run_peaks" not in options_json(ctx.method.config)
+    with pytest.raises(ValueError, match="run_peaks of reform cannot be negative"):
+        Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", run_peaks=-1)

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from ..engine.policies import forced_mask
-from ..methods.gather import distinct_peaks
+from ..methods.reform import distinct_peaks
 
 PEAKS = 5              # outranking windows shown
 QUERY_TOKENS = 3       # question tokens shown per gold string

@@ -71,6 +71,20 @@ def ordered_run_scores(context: torch.Tensor, query: torch.Tensor, run: int, blo
     return F.max_pool1d(padded[None, None], run, 1)[0, 0]
 
 
+def distinct_peaks(scores: torch.Tensor, window: int, count: int, skip: torch.Tensor,
+                   floor: float = float("-inf")) -> list[int]:
+    """Up to ``count`` positions of the highest ``scores`` above ``floor``, at least ``window`` apart and
+    outside ``skip`` (the always-kept ends): the best distinct windows."""
+    found: list[int] = []
+    for p in torch.argsort(scores, descending=True).tolist():
+        if scores[p] <= floor or len(found) == count:
+            break
+        if skip[p] or any(abs(p - q) < window for q in found):
+            continue
+        found.append(p)
+    return found
+
+
 def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
     """Each token takes the maximum score within ``window`` (odd) tokens centred on it."""
     return F.max_pool1d(scores[None, None], kernel_size=window, stride=1, padding=window // 2)[0, 0]
@@ -102,6 +116,9 @@ def segment_pieces(ids: torch.Tensor, segments: int, anchor: int) -> list[tuple[
 # attention's FLOPs per token; measured on SmolLM2 (docs/benchmarks.md, "A cheaper encode, measured for accuracy"): 1.3-1.4x
 # faster encode, the NIAH grid still 25/25, the RULER-style mean +4.4 points at 32k and -2.3 at 64k (noise).
 PROFILES: dict[str, int] = {"default": 4, "fast": 8}
+# run_peaks: runs of PEAK_RUN tokens; the window kept spans RUN_BEFORE tokens before a run's best token and
+# RUN_AFTER after it, where a needle's value follows its key (measured on RULER's UUID keys at 32k and 64k)
+PEAK_RUN, RUN_BEFORE, RUN_AFTER = 16, 32, 64
 Profile = Literal[tuple(PROFILES)]      # the names, for the option check before a model loads
 
 
@@ -131,6 +148,11 @@ class ReformConfig:
     # tokens in order (``ordered_run_scores``). Not in the paper: keys made of pieces every other key also
     # has (RULER's UUID keys) match only in order (docs/evaluation.md, "Retrieval at 64k and 128k").
     match_run: int = field(default=0, metadata=ADDED_LATER)
+    # > 0: this many windows around the best distinct ordered runs (``PEAK_RUN`` tokens in the question's
+    # order) are gathered first, then the paper's ranking fills the budget. Not in the paper; where
+    # ``match_run`` re-ranks every token, this leaves the paper's ranking for most of the budget
+    # (docs/evaluation.md, "Retrieval at 64k and 128k").
+    run_peaks: int = field(default=0, metadata=ADDED_LATER)
     score_window: int = 128
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -162,6 +184,8 @@ class ReformConfig:
             raise ValueError(f"segments must be at least 1, got {self.segments}")
         if self.match_run < 0:
             raise ValueError(f"match_run must be 0 (off) or a number of tokens, got {self.match_run}")
+        if self.run_peaks < 0:
+            raise ValueError(f"run_peaks must be 0 (off) or a number of windows, got {self.run_peaks}")
 
 
 @register
@@ -232,13 +256,22 @@ class Reform(Method):
         return gather_indices(self.scores(ctx, part), c.recompute_budget, c.gather_keep, c.gather_keep)
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
-        """Every context token's importance for the question: max-pooled cosine to the question tokens."""
-        return max_pool(self.similarities(ctx, part), self.config.pool_window)
+        """Every context token's importance for the question: max-pooled cosine to the question tokens;
+        with ``run_peaks``, the windows around the best ordered runs above everything else."""
+        c, query = self.config, self.query_embeddings(ctx, part)
+        pooled = max_pool(self.similarities(ctx, part, query), c.pool_window)
+        if c.run_peaks:
+            runs = ordered_run_scores(ctx.state.data, query, PEAK_RUN)
+            ends = forced_mask(pooled.shape[0], c.gather_keep, c.gather_keep, pooled.device)
+            top = float(pooled.max()) + 1.0
+            for p in distinct_peaks(runs, c.pool_window, c.run_peaks, ends):
+                pooled[max(0, p - RUN_BEFORE):p + RUN_AFTER + 1] = top
+        return pooled
 
-    def similarities(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
+    def similarities(self, ctx: Context, part: QuestionPart, query: torch.Tensor | None = None) -> torch.Tensor:
         """Every context token's cosine to the question tokens (max over them), before pooling; with
         ``match_run``, plus its best ordered run against the question."""
-        query = self.query_embeddings(ctx, part)
+        query = self.query_embeddings(ctx, part) if query is None else query
         scores = token_scores(ctx.state.data, query)
         if self.config.match_run:
             scores += ordered_run_scores(ctx.state.data, query, self.config.match_run)
