@@ -236,9 +236,13 @@ def _processor(source: str):
 
 
 def _has_vision(source: str) -> bool:
-    """Whether the checkpoint at ``source`` is a vision-language model (its config has a vision tower)."""
+    """Whether the checkpoint at ``source`` is a vision-language model (its config has a vision tower);
+    False where its config cannot be read (loading the model then says why, in one line)."""
     from transformers import AutoConfig
-    return getattr(AutoConfig.from_pretrained(source), "vision_config", None) is not None
+    try:
+        return getattr(AutoConfig.from_pretrained(source), "vision_config", None) is not None
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def quiet_progress_bars() -> None:
