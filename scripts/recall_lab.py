@@ -39,7 +39,8 @@ def encode(args) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rows = make_rows("ruler", pipe.tokenizer, parse_lengths(args.lengths), args.samples, seed=args.seed,
                      tasks=args.tasks.split(","))
-    for row in rows:
+    # sample-major, so that an interrupted run leaves every task with about as many rows
+    for row in sorted(rows, key=lambda r: (r.length, r.sample)):
         name = row.id.replace("/", "_")
         if (folder / f"{name}.reform").exists():
             continue
@@ -62,8 +63,14 @@ def measure(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
     metas = [json.loads(line) for line in open(folder / "rows.jsonl")]
+    records, answers = read_jsonl(out / "recall.jsonl"), read_jsonl(out / "answers.jsonl")
+    done = measured(records, answers, variants, args.answer_runs)
+    screens = (out / "explain.md").read_text().split(SCREEN)[1:] if (out / "explain.md").exists() else []
+    screens = [s for s in screens if s.split("\n", 1)[0].removeprefix("### ") in done]  # a screen opens with its id
+    metas = [m for m in metas if m["id"] not in done]
+    records = [r for r in records if r["id"] in done]
+    answers = [a for a in answers if a["id"] in done]
     rows = answer_rows(pipe, metas) if args.answer_runs else {}
-    records, screens, answers = [], [], []
     for meta in metas:
         ctx = pipe.load_context(folder / meta["file"])
         part = pipe.templater.question(meta["question"], meta["answer_prefix"])
@@ -82,11 +89,38 @@ def measure(args) -> None:
                 with torch.inference_mode():
                     screens.append(render(meta["id"], meta["question"], explain(ctx, part, meta["golds"], kept)))
         print(json.dumps([r for r in records if r["id"] == meta["id"]]), flush=True)
-    (out / "recall.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (out / "explain.md").write_text("# Misses of the paper's gather, explained\n\n" + "\n\n".join(screens) + "\n")
-    (out / "recall.md").write_text(table(records, variants, args) + answer_table(answers))
-    (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
+        write(out, records, answers, screens, variants, args)  # after every row: an interrupted run resumes
+    write(out, records, answers, screens, variants, args)
     print((out / "recall.md").read_text())
+
+
+SCREEN = "\n<!-- row -->\n"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in open(path)] if path.exists() else []
+
+
+def measured(records: list[dict], answers: list[dict], variants: list[str], answer_runs: str | None) -> set[str]:
+    """Ids of rows already measured with every requested variant (and answered with every run)."""
+    ids = {r["id"] for r in records}
+    done = {i for i in ids if set(variants) <= {r["variant"] for r in records if r["id"] == i}}
+    if answer_runs:
+        runs = ["paper"] + [f"match_run={v}" if v.isdigit() else v for v in answer_runs.split(",") if v != "paper"]
+        done = {i for i in done if set(runs) <= {a["match_run"] for a in answers if a["id"] == i}}
+    return done
+
+
+def write(out: Path, records, answers, screens, variants, args) -> None:
+    """Write every output file whole, each through a temporary file (never half written)."""
+    files = {"recall.jsonl": "".join(json.dumps(r) + "\n" for r in records),
+             "answers.jsonl": "".join(json.dumps(r) + "\n" for r in answers),
+             "explain.md": "# Misses of the paper's gather, explained\n" + "".join(SCREEN + s for s in screens),
+             "recall.md": table(records, variants, args) + answer_table(answers)}
+    for name, text in files.items():
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
 
 
 def answer_rows(pipe, metas: list[dict]) -> dict:
