@@ -31,6 +31,7 @@ from reform.eval.specs import format_length, parse_lengths
 from reform.eval.tasks import make_rows
 from reform.machine import cpu_name
 from reform.pipeline import Pipeline
+from reform.stats import Timer
 
 
 def encode(args) -> None:
@@ -77,6 +78,8 @@ def measure(args) -> None:
         text = pipe.tokenizer.decode(ctx.ids.tolist())
         if meta["id"] in rows:
             answers += answer(ctx, rows[meta["id"]], args.answer_runs.split(","), text)
+        with torch.inference_mode():
+            paper_kept = VARIANTS["paper"](ctx, part)
         for name in variants:
             t = time.perf_counter()
             with torch.inference_mode():
@@ -84,7 +87,8 @@ def measure(args) -> None:
             seconds = time.perf_counter() - t
             flags = gold_kept(pipe.tokenizer, ctx.ids, kept, meta["golds"], text)
             records.append({"id": meta["id"], "task": meta["task"], "length": meta["length"], "variant": name,
-                            "recall": recall(flags), "gold_kept": flags, "gather_s": round(seconds, 3)})
+                            "recall": recall(flags), "gold_kept": flags, "gather_s": round(seconds, 3),
+                            "same_as_paper": torch.equal(kept, paper_kept)})
             if name == "paper" and recall(flags) is not None and recall(flags) < 1:
                 with torch.inference_mode():
                     screens.append(render(meta["id"], meta["question"], explain(ctx, part, meta["golds"], kept)))
@@ -140,7 +144,8 @@ def answer(ctx, row, variants: list[str], text: str) -> list[dict]:
     a name: that gather variant of ``reform.methods.gather``): score and recall."""
     from reform.eval.tasks.scoring import score
     from reform.methods.gather import VARIANTS
-    base, out = ctx.method, []
+    base, out, paper_kept = ctx.method, [], None
+    part = ctx.pipeline.templater.question(row.question, row.answer_prefix)
     for variant in ["paper"] + [v for v in variants if v != "paper"]:
         method = copy.copy(base)
         if variant.isdigit():
@@ -148,11 +153,18 @@ def answer(ctx, row, variants: list[str], text: str) -> list[dict]:
         elif variant != "paper":
             method.select = lambda c, part, timer, pick=VARIANTS[variant]: pick(c, part)
         ctx.method = method
+        label = f"match_run={variant}" if variant.isdigit() else variant
+        with torch.inference_mode():
+            kept = method.select(ctx, part, Timer())
+        if paper_kept is not None and torch.equal(kept, paper_kept):
+            # the same gathered tokens give the same greedy answer: the paper's, not asked again
+            out.append({**out[0], "match_run": label, "same_as_paper": True})
+            continue
         ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens)
+        paper_kept = ans.kept if variant == "paper" else paper_kept
         flags = gold_kept(ctx.pipeline.tokenizer, ctx.ids, ans.kept, evidence(row), text)
-        out.append({"id": row.id, "task": row.task, "length": row.length,
-                    "match_run": f"match_run={variant}" if variant.isdigit() else variant, "recall": recall(flags),
-                    "score": score(row, ans.text), "prediction": ans.text, "stats": ans.stats})
+        out.append({"id": row.id, "task": row.task, "length": row.length, "match_run": label,
+                    "recall": recall(flags), "score": score(row, ans.text), "prediction": ans.text, "stats": ans.stats})
     ctx.method = base
     return out
 

@@ -87,31 +87,44 @@ def test_gather_variants_keep_the_budget_and_the_ends():
     assert torch.equal(VARIANTS["paper"](ctx, part), ctx.method.select(ctx, part, None))
 
 
-def test_run_peaks_gather_the_best_ordered_run_first_and_keep_the_rest_of_the_paper_ranking():
-    """REFORM's ``run_peaks``: the window around the best ordered run is gathered even where the paper's
-    ranking puts it last; the rest of the budget is the paper's, and saved options stay as before at 0."""
+def test_run_peaks_gather_the_best_ordered_run_the_paper_misses_and_nothing_else():
+    """REFORM's ``run_peaks``: the window around the best ordered run is gathered where the paper's
+    ranking leaves it out, the rest of the budget is the paper's; where the paper's gather already has the
+    run, the gather is exactly the paper's. Saved options stay as before at 0."""
     import sys
     from dataclasses import replace
     sys.path.insert(0, "tests")
     from conftest import CharTokenizer, tiny
     from reform.methods.options import options_json
-    from reform.methods.reform import PEAK_RUN, RUN_AFTER, RUN_BEFORE, ordered_run_scores
+    from reform.methods.reform import (PEAK_RUN, RUN_AFTER, RUN_BEFORE, ReformConfig, gather_indices,
+                                       ordered_run_scores, raise_run_windows)
     from reform.pipeline import Pipeline
     from reform.stats import Timer
+    # the rule itself, on made-up scores: 1000 tokens, budget 300, ends of 8
+    c = ReformConfig(recompute_budget=300, gather_keep=8, pool_window=9)
+    pooled = torch.linspace(1.0, 0.0, 1000)                   # the paper ranks the early tokens first
+    paper = gather_indices(pooled, 300, 8, 8)
+    for peak, missed in ((100, False), (700, True)):
+        runs = torch.zeros(1000)
+        runs[peak:peak + PEAK_RUN] = 1.0                      # one best run (a plateau: its first token is its peak)
+        lifted = pooled.clone()
+        raise_run_windows(lifted, runs, c, 1, only_missed=True)
+        kept = gather_indices(lifted, 300, 8, 8)
+        if not missed:
+            assert torch.equal(kept, paper)
+            continue
+        window = set(range(peak - RUN_BEFORE, peak + RUN_AFTER + 1))
+        assert window <= set(kept.tolist()) and not window & set(paper.tolist())
+        assert set(paper.tolist()) - set(kept.tolist()) == set(paper[-len(window) - 8:-8].tolist())  # its weakest
+    # through the pipeline: where the paper's gather has the best run, run_peaks changes nothing
     pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
                     recompute_budget=200, gather_keep=8, pool_window=9)
     ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 8 + "VAR KWY = VAR QXZ. The sky is blue. " * 8)
     part = pipe.templater.question("Which variables hold 4711?")
-    paper = ctx.method.select(ctx, part, Timer())
-    peaks = type(ctx.method)(replace(ctx.method.config, run_peaks=1))
-    kept = peaks.select(ctx, part, Timer())
     runs = ordered_run_scores(ctx.state.data, ctx.method.query_embeddings(ctx, part), PEAK_RUN)
-    runs[:8] = runs[-8:] = float("-inf")                      # the ends are kept anyway
-    best = set(torch.nonzero(runs == runs.max()).flatten().tolist())     # the best run's tokens (ties)
-    assert best <= set(kept.tolist()) and not best <= set(paper.tolist())
-    assert kept.numel() == paper.numel() == 200
-    window = RUN_BEFORE + RUN_AFTER + 1
-    assert len(set(kept.tolist()) & set(paper.tolist())) >= 200 - window    # the rest: the paper's choice
+    paper = ctx.method.select(ctx, part, Timer())
+    assert int(runs.argmax()) in paper.tolist()
+    assert torch.equal(type(ctx.method)(replace(ctx.method.config, run_peaks=1)).select(ctx, part, Timer()), paper)
     assert "run_peaks" not in options_json(ctx.method.config)
     with pytest.raises(ValueError, match="run_peaks of reform cannot be negative"):
         Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", run_peaks=-1)

@@ -8,8 +8,10 @@ token. Two kinds of needle defeat that:
   match anywhere. What singles the asked key out is its pieces *in order*. ``aligned``: a context token
   scores by ``ordered_run_scores`` (the mean over a run of consecutive context tokens against as many
   consecutive question tokens), alone or added to the paper's score (REFORM's ``match_run`` option).
-  ``runpeaks``: the paper's gather, with the best distinct ordered-run windows taken first, so the
-  paper's ranking still fills most of the budget (REFORM's ``run_peaks`` option).
+  ``runpeaks``: the paper's gather, with the windows around the best distinct ordered runs it leaves out
+  taken first, so the paper's ranking still fills most of the budget, all of it where the best run is
+  already gathered (REFORM's ``run_peaks`` option); ``forcedpeaks``: those windows taken first whether or
+  not the paper's gather has them.
 - **chains** (RULER's variable tracking: ``VAR A = 12345`` ... ``VAR B = VAR A``): the question names only
   the value, so only the first hop resembles it. ``rounds2``: a second round asks with the rare tokens
   (at most ``RARE`` occurrences in the context) around the first round's best windows, and the rest of
@@ -26,7 +28,8 @@ import torch
 
 from ..engine.policies import forced_mask
 from ..stats import Timer
-from .reform import distinct_peaks, gather_indices, max_pool, ordered_run_scores, token_scores
+from .reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
+                     token_scores)
 
 RARE = 8             # a token id seen at most this often in the context is "rare" (a name, a key, a number)
 EXPAND = 32          # tokens on each side of a first-round peak that may join the second round's query
@@ -57,6 +60,15 @@ def run_peaks(ctx, part, peaks: int) -> torch.Tensor:
     return type(ctx.method)(replace(ctx.method.config, run_peaks=peaks)).select(ctx, part, Timer())
 
 
+def forced_peaks(ctx, part, peaks: int) -> torch.Tensor:
+    """The windows around the ``peaks`` best ordered runs gathered first whether or not the paper's gather
+    has them (``run_peaks`` before it learned to leave gathered runs alone), the paper's ranking after."""
+    c, query = ctx.method.config, ctx.method.query_embeddings(ctx, part)
+    pooled = max_pool(ctx.method.similarities(ctx, part, query), c.pool_window)
+    raise_run_windows(pooled, ordered_run_scores(ctx.state.data, query, PEAK_RUN), c, peaks)
+    return gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)
+
+
 def rounds2(ctx, part) -> torch.Tensor:
     """Half the budget (beyond the ends) from the paper's scores, half from a second round asked with the
     rare tokens around the first round's ``PEAKS`` best windows."""
@@ -83,4 +95,5 @@ def rounds2(ctx, part) -> torch.Tensor:
 VARIANTS = {"paper": paper, "rounds2": rounds2,
             **{f"aligned{run}": (lambda run: lambda ctx, part: aligned(ctx, part, run))(run) for run in (4, 8, 16)},
             **{f"paper+aligned{run}": (lambda run: lambda ctx, part: matched(ctx, part, run))(run) for run in (8, 16)},
-            **{f"runpeaks{k}": (lambda k: lambda ctx, part: run_peaks(ctx, part, k))(k) for k in (1, 2)}}
+            **{f"runpeaks{k}": (lambda k: lambda ctx, part: run_peaks(ctx, part, k))(k) for k in (1, 2)},
+            **{f"forcedpeaks{k}": (lambda k: lambda ctx, part: forced_peaks(ctx, part, k))(k) for k in (1, 2)}}

@@ -76,13 +76,31 @@ def distinct_peaks(scores: torch.Tensor, window: int, count: int, skip: torch.Te
     """Up to ``count`` positions of the highest ``scores`` above ``floor``, at least ``window`` apart and
     outside ``skip`` (the always-kept ends): the best distinct windows."""
     found: list[int] = []
-    for p in torch.argsort(scores, descending=True).tolist():
+    for p in torch.argsort(scores, descending=True, stable=True).tolist():   # ties (a run's tokens): the first
         if scores[p] <= floor or len(found) == count:
             break
         if skip[p] or any(abs(p - q) < window for q in found):
             continue
         found.append(p)
     return found
+
+
+def raise_run_windows(pooled: torch.Tensor, runs: torch.Tensor, c: "ReformConfig", peaks: int,
+                      only_missed: bool = False) -> None:
+    """Lift the windows around the ``peaks`` best distinct ordered runs (``RUN_BEFORE`` tokens before a run's
+    best token, ``RUN_AFTER`` after it; the always-kept ends aside) above every other score, in place;
+    ``only_missed``: of the best runs anywhere, only those whose best token the paper's gather of
+    ``pooled`` leaves out."""
+    n = pooled.shape[0]
+    ends = forced_mask(n, c.gather_keep, c.gather_keep, pooled.device)
+    missed = torch.ones(n, dtype=torch.bool, device=pooled.device)
+    if only_missed:     # the best runs anywhere, the ends included: one already gathered needs no window
+        missed[gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)] = False
+        ends = torch.zeros_like(ends)
+    top = float(pooled.max()) + 1.0
+    for p in distinct_peaks(runs, c.pool_window, peaks, ends):
+        if missed[p]:
+            pooled[max(0, p - RUN_BEFORE):p + RUN_AFTER + 1] = top
 
 
 def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
@@ -148,9 +166,10 @@ class ReformConfig:
     # tokens in order (``ordered_run_scores``). Not in the paper: keys made of pieces every other key also
     # has (RULER's UUID keys) match only in order (docs/evaluation.md, "Retrieval at 64k and 128k").
     match_run: int = field(default=0, metadata=ADDED_LATER)
-    # > 0: this many windows around the best distinct ordered runs (``PEAK_RUN`` tokens in the question's
-    # order) are gathered first, then the paper's ranking fills the budget. Not in the paper; where
-    # ``match_run`` re-ranks every token, this leaves the paper's ranking for most of the budget
+    # > 0: of the best distinct ordered runs (``PEAK_RUN`` tokens in the question's order) this many are
+    # looked at, and the window around each whose best token the paper's gather leaves out is gathered
+    # first; the paper's ranking fills the rest. Not in the paper; where ``match_run`` re-ranks every token,
+    # this gathers exactly what the paper does whenever the best run is already in it
     # (docs/evaluation.md, "Retrieval at 64k and 128k").
     run_peaks: int = field(default=0, metadata=ADDED_LATER)
     score_window: int = 128
@@ -257,15 +276,13 @@ class Reform(Method):
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """Every context token's importance for the question: max-pooled cosine to the question tokens;
-        with ``run_peaks``, the windows around the best ordered runs above everything else."""
+        with ``run_peaks``, the windows around the best ordered runs the paper's gather misses above
+        everything else."""
         c, query = self.config, self.query_embeddings(ctx, part)
         pooled = max_pool(self.similarities(ctx, part, query), c.pool_window)
         if c.run_peaks:
-            runs = ordered_run_scores(ctx.state.data, query, PEAK_RUN)
-            ends = forced_mask(pooled.shape[0], c.gather_keep, c.gather_keep, pooled.device)
-            top = float(pooled.max()) + 1.0
-            for p in distinct_peaks(runs, c.pool_window, c.run_peaks, ends):
-                pooled[max(0, p - RUN_BEFORE):p + RUN_AFTER + 1] = top
+            raise_run_windows(pooled, ordered_run_scores(ctx.state.data, query, PEAK_RUN), c, c.run_peaks,
+                              only_missed=True)
         return pooled
 
     def similarities(self, ctx: Context, part: QuestionPart, query: torch.Tensor | None = None) -> torch.Tensor:
