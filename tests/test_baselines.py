@@ -268,6 +268,11 @@ def test_reform_rag_weight_zero_selects_what_reform_selects(tokenizer):
     part = reform.templater.question(QUESTION)
     picks = [p.method.select(p.encode(CONTEXT), part, Timer()) for p in (reform, hybrid)]
     assert torch.equal(*picks)
+    # run_peaks is shared: it lifts what the hybrid's own ranking misses, here the same as REFORM's
+    peaks = [Pipeline(tiny(), TextTokenizer(), method=m, run_peaks=1, **opts, **extra) for m, extra in
+             (("reform", {}), ("reform+rag", {"weight": 0.0}))]
+    picks = [p.method.select(p.encode(CONTEXT), part, Timer()) for p in peaks]
+    assert torch.equal(*picks)
 
 
 # ------------------------------------------------------------------ full attention

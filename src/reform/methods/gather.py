@@ -64,7 +64,7 @@ def forced_peaks(ctx, part, peaks: int) -> torch.Tensor:
     """The windows around the ``peaks`` best ordered runs gathered first whether or not the paper's gather
     has them (``run_peaks`` before it learned to leave gathered runs alone), the paper's ranking after."""
     c, query = ctx.method.config, ctx.method.query_embeddings(ctx, part)
-    pooled = max_pool(ctx.method.similarities(ctx, part, query), c.pool_window)
+    pooled = ctx.method.ranking(ctx, part, query)
     raise_run_windows(pooled, ordered_run_scores(ctx.state.data, query, PEAK_RUN), c, peaks)
     return gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)
 

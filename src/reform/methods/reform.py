@@ -275,15 +275,18 @@ class Reform(Method):
         return gather_indices(self.scores(ctx, part), c.recompute_budget, c.gather_keep, c.gather_keep)
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
-        """Every context token's importance for the question: max-pooled cosine to the question tokens;
-        with ``run_peaks``, the windows around the best ordered runs the paper's gather misses above
-        everything else."""
+        """Every context token's importance for the question: ``ranking``; with ``run_peaks``, the windows
+        around the best ordered runs that ranking's gather misses above everything else."""
         c, query = self.config, self.query_embeddings(ctx, part)
-        pooled = max_pool(self.similarities(ctx, part, query), c.pool_window)
+        scores = self.ranking(ctx, part, query)
         if c.run_peaks:
-            raise_run_windows(pooled, ordered_run_scores(ctx.state.data, query, PEAK_RUN), c, c.run_peaks,
+            raise_run_windows(scores, ordered_run_scores(ctx.state.data, query, PEAK_RUN), c, c.run_peaks,
                               only_missed=True)
-        return pooled
+        return scores
+
+    def ranking(self, ctx: Context, part: QuestionPart, query: torch.Tensor) -> torch.Tensor:
+        """The paper's scores (§3.3): max-pooled cosine to the question tokens."""
+        return max_pool(self.similarities(ctx, part, query), self.config.pool_window)
 
     def similarities(self, ctx: Context, part: QuestionPart, query: torch.Tensor | None = None) -> torch.Tensor:
         """Every context token's cosine to the question tokens (max over them), before pooling; with

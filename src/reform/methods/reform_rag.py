@@ -60,8 +60,9 @@ class ReformRag(Reform):
             ctx.extra["passages"] = PassageIndex.build(ctx.pipeline, ctx.ids, self.config.passage_tokens,
                                                        Dense(ctx.pipeline.engine.device), tensors["passages"])
 
-    def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
-        reform = super().scores(ctx, part)
+    def ranking(self, ctx: Context, part: QuestionPart, query: torch.Tensor) -> torch.Tensor:
+        """REFORM's ranking mixed with the dense retriever's (``run_peaks`` then lifts what this misses)."""
+        reform = super().ranking(ctx, part, query)
         query = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
         dense = ctx.extra["passages"].token_scores(query, reform.shape[0]).to(reform.device)
         w = self.config.weight
