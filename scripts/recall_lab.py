@@ -5,6 +5,7 @@ variant costs seconds, not an encode).
     python scripts/recall_lab.py encode --contexts /tmp/lab --lengths 64k,128k --tasks niah_multikey_3,vt --samples 5
     python scripts/recall_lab.py measure --contexts /tmp/lab --out docs/results/recall-lab [--variants paper,rounds2] \
         [--answer-runs 16,runpeaks1]   # also answer with the paper's gather, match_run=16 and runpeaks1, scored
+        [--changed-only]               # ... only the rows where some variant gathers other tokens than the paper
 
 ``encode`` saves one ``.reform`` file per row (resumable: a row already saved is skipped) beside a JSON
 line describing the row (task, length, sample, question, gold strings); ``measure`` loads each, gathers
@@ -65,7 +66,7 @@ def measure(args) -> None:
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
     metas = [json.loads(line) for line in open(folder / "rows.jsonl")]
     records, answers = read_jsonl(out / "recall.jsonl"), read_jsonl(out / "answers.jsonl")
-    done = measured(records, answers, variants, args.answer_runs)
+    done = measured(records, answers, variants, args.answer_runs, args.changed_only)
     screens = (out / "explain.md").read_text().split(SCREEN)[1:] if (out / "explain.md").exists() else []
     screens = [s for s in screens if s.split("\n", 1)[0].removeprefix("### ") in done]  # a screen opens with its id
     metas = [m for m in metas if m["id"] not in done]
@@ -76,8 +77,6 @@ def measure(args) -> None:
         ctx = pipe.load_context(folder / meta["file"])
         part = pipe.templater.question(meta["question"], meta["answer_prefix"])
         text = pipe.tokenizer.decode(ctx.ids.tolist())
-        if meta["id"] in rows:
-            answers += answer(ctx, rows[meta["id"]], args.answer_runs.split(","), text)
         with torch.inference_mode():
             paper_kept = VARIANTS["paper"](ctx, part)
         for name in variants:
@@ -92,7 +91,10 @@ def measure(args) -> None:
             if name == "paper" and recall(flags) is not None and recall(flags) < 1:
                 with torch.inference_mode():
                     screens.append(render(meta["id"], meta["question"], explain(ctx, part, meta["golds"], kept)))
-        print(json.dumps([r for r in records if r["id"] == meta["id"]]), flush=True)
+        mine = [r for r in records if r["id"] == meta["id"]]
+        if meta["id"] in rows and not (args.changed_only and all(r["same_as_paper"] for r in mine)):
+            answers += answer(ctx, rows[meta["id"]], args.answer_runs.split(","), text)
+        print(json.dumps(mine), flush=True)
         write(out, records, answers, screens, variants, args)  # after every row: an interrupted run resumes
     write(out, records, answers, screens, variants, args)
     print((out / "recall.md").read_text())
@@ -105,13 +107,16 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in open(path)] if path.exists() else []
 
 
-def measured(records: list[dict], answers: list[dict], variants: list[str], answer_runs: str | None) -> set[str]:
-    """Ids of rows already measured with every requested variant (and answered with every run)."""
+def measured(records: list[dict], answers: list[dict], variants: list[str], answer_runs: str | None,
+             changed_only: bool = False) -> set[str]:
+    """Ids of rows already measured with every requested variant (and answered with every run, or, with
+    ``changed_only``, left unanswered because every variant gathered what the paper does)."""
     ids = {r["id"] for r in records}
     done = {i for i in ids if set(variants) <= {r["variant"] for r in records if r["id"] == i}}
     if answer_runs:
         runs = ["paper"] + [f"match_run={v}" if v.isdigit() else v for v in answer_runs.split(",") if v != "paper"]
-        done = {i for i in done if set(runs) <= {a["match_run"] for a in answers if a["id"] == i}}
+        unchanged = {i for i in done if changed_only and all(r["same_as_paper"] for r in records if r["id"] == i)}
+        done = {i for i in done if i in unchanged or set(runs) <= {a["match_run"] for a in answers if a["id"] == i}}
     return done
 
 
@@ -222,6 +227,9 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated (default: all)")
     ap.add_argument("--answer-runs", default=None, help="also answer each row with the paper's gather and each of "
                     "these (comma-separated: a number is REFORM's match_run, a name a gather variant), scored")
+    ap.add_argument("--changed-only", action="store_true", help="answer only the rows where some variant's "
+                    "gather differs from the paper's (elsewhere the answers are the paper's: same tokens, same "
+                    "greedy answer)")
     args = ap.parse_args()
     if args.step == "measure" and not args.out:
         ap.error("measure needs --out")
