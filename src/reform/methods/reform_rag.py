@@ -63,7 +63,7 @@ class ReformRag(Reform):
     def ranking(self, ctx: Context, part: QuestionPart, query: torch.Tensor) -> torch.Tensor:
         """REFORM's ranking mixed with the dense retriever's (``run_peaks`` then lifts what this misses)."""
         reform = super().ranking(ctx, part, query)
-        query = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
-        dense = ctx.extra["passages"].token_scores(query, reform.shape[0]).to(reform.device)
+        question = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
+        dense = ctx.extra["passages"].token_scores(question, reform.shape[0]).to(reform.device)
         w = self.config.weight
         return (1 - w) * standardize(reform) + w * standardize(dense)
