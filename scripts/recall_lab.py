@@ -3,6 +3,8 @@ measure which gold strings every gather variant brings to the recompute (no answ
 variant costs seconds, not an encode).
 
     python scripts/recall_lab.py encode --contexts /tmp/lab --lengths 64k,128k --tasks niah_multikey_3,vt --samples 5
+    python scripts/recall_lab.py encode --contexts /tmp/grid --suite niah --tasks niah --lengths 128k --samples 1 \
+        --depths 0,0.25,0.5,0.75,1   # the NIAH grid (REFORM §4.1)
     python scripts/recall_lab.py measure --contexts /tmp/lab --out docs/results/recall-lab [--variants paper,rounds2] \
         [--answer-runs 16,runpeaks1]   # also answer with the paper's gather, match_run=16 and runpeaks1, scored
         [--changed-only]               # ... only the rows where some variant gathers other tokens than the paper
@@ -11,7 +13,8 @@ variant costs seconds, not an encode).
 line describing the row (task, length, sample, question, gold strings); ``measure`` loads each, gathers
 with every variant (``reform.methods.gather``), and writes recall per variant and per task to
 ``OUT/recall.jsonl`` and ``OUT/recall.md``, with an explanation of each miss of the paper's gather
-(``reform.eval.explain``) in ``OUT/explain.md``. Rows are ``reform eval ruler``'s (same seed, same rows).
+(``reform.eval.explain``) in ``OUT/explain.md``. Rows are ``reform eval ruler``'s (or, with ``--suite niah``,
+``reform eval niah``'s): same seed, same rows.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ def encode(args) -> None:
     pipe = Pipeline.load(args.model)
     folder = Path(args.contexts)
     folder.mkdir(parents=True, exist_ok=True)
-    rows = make_rows("ruler", pipe.tokenizer, parse_lengths(args.lengths), args.samples, seed=args.seed,
-                     tasks=args.tasks.split(","))
+    depths = [float(d) for d in args.depths.split(",")] if args.depths else None
+    rows = make_rows(args.suite, pipe.tokenizer, parse_lengths(args.lengths), args.samples, seed=args.seed,
+                     tasks=args.tasks.split(","), depths=depths)
     # sample-major, so that an interrupted run leaves every task with about as many rows
-    for row in sorted(rows, key=lambda r: (r.length, r.sample)):
+    for row in sorted(rows, key=lambda r: (r.length, r.sample, r.depth or 0.0)):
         name = row.id.replace("/", "_")
         if (folder / f"{name}.reform").exists():
             continue
@@ -50,7 +54,7 @@ def encode(args) -> None:
         ctx = pipe.encode(row.context)
         seconds = time.perf_counter() - t
         ctx.save(folder / f"{name}.reform")
-        meta = {"id": row.id, "file": f"{name}.reform", "task": row.task, "length": row.length, "sample": row.sample,
+        meta = {"id": row.id, "file": f"{name}.reform", "suite": args.suite, "depth": row.depth, "task": row.task, "length": row.length, "sample": row.sample,
                 "question": row.question, "answer_prefix": row.answer_prefix, "golds": evidence(row),
                 "encode_s": round(seconds, 1), "tokens": int(ctx.ids.shape[0]), "cpu": cpu_name()}
         with open(folder / "rows.jsonl", "a") as f:
@@ -136,9 +140,12 @@ def answer_rows(pipe, metas: list[dict]) -> dict:
     """The rows behind the saved contexts (regenerated: same seed, same rows), by id."""
     wanted = {m["id"] for m in metas}
     found = {}
-    for task, length in sorted({(m["task"].split("/")[1], m["length"]) for m in metas}):
-        samples = 1 + max(m["sample"] for m in metas if m["task"].endswith(task) and m["length"] == length)
-        for row in make_rows("ruler", pipe.tokenizer, [length], samples, tasks=[task]):
+    for suite, task, length in sorted({(m.get("suite", "ruler"), m["task"].split("/")[-1], m["length"]) for m in metas}):
+        mine = [m for m in metas if m.get("suite", "ruler") == suite and m["task"].split("/")[-1] == task
+                and m["length"] == length]
+        depths = sorted({m["depth"] for m in mine}) if suite == "niah" else None
+        for row in make_rows(suite, pipe.tokenizer, [length], 1 + max(m["sample"] for m in mine), tasks=[task],
+                             depths=depths):
             if row.id in wanted:
                 found[row.id] = row
     return found
@@ -220,7 +227,9 @@ def main() -> None:
     ap.add_argument("--contexts", required=True, help="folder of saved contexts (and rows.jsonl)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--lengths", default="64k")
+    ap.add_argument("--suite", default="ruler", choices=["ruler", "niah"], help="rows of `reform eval SUITE`")
     ap.add_argument("--tasks", default="niah_multikey_3,vt")
+    ap.add_argument("--depths", default=None, help="needle depths 0..1 for --suite niah (default: the suite's)")
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
