@@ -159,10 +159,9 @@ def answer(ctx, row, variants: list[str], text: str) -> list[dict]:
     base, out, paper_kept = ctx.method, [], None
     part = ctx.pipeline.templater.question(row.question, row.answer_prefix)
     for variant in ["paper"] + [v for v in variants if v != "paper"]:
-        method = copy.copy(base)
-        if variant.isdigit():
-            method.config = replace(base.config, match_run=int(variant))
-        elif variant != "paper":
+        method = copy.copy(base)      # the paper's gather (whatever the context was saved with), then the variant
+        method.config = replace(base.config, match_run=int(variant) if variant.isdigit() else 0, run_peaks=0)
+        if not variant.isdigit() and variant != "paper":
             method.select = lambda c, part, timer, pick=VARIANTS[variant]: pick(c, part)
         ctx.method = method
         label = f"match_run={variant}" if variant.isdigit() else variant

@@ -84,13 +84,17 @@ def test_gather_variants_keep_the_budget_and_the_ends():
         kept = variant(ctx, part)
         assert kept.numel() == 100 and torch.equal(kept, torch.sort(torch.unique(kept)).values), name
         assert set(range(8)) | set(range(n - 8, n)) <= set(kept.tolist()), name
-    assert torch.equal(VARIANTS["paper"](ctx, part), ctx.method.select(ctx, part, None))
+    # the default gather is run_peaks=1; "paper" is the paper's whatever the context was encoded with
+    assert torch.equal(VARIANTS["runpeaks1"](ctx, part), ctx.method.select(ctx, part, None))
+    from dataclasses import replace
+    paper = type(ctx.method)(replace(ctx.method.config, run_peaks=0))
+    assert torch.equal(VARIANTS["paper"](ctx, part), paper.select(ctx, part, None))
 
 
 def test_run_peaks_gather_the_best_ordered_run_the_paper_misses_and_nothing_else():
     """REFORM's ``run_peaks``: the window around the best ordered run is gathered where the paper's
     ranking leaves it out, the rest of the budget is the paper's; where the paper's gather already has the
-    run, the gather is exactly the paper's. Saved options stay as before at 0."""
+    run, the gather is exactly the paper's. On by default; at 0 (the paper's) saved options stay as before."""
     import sys
     from dataclasses import replace
     sys.path.insert(0, "tests")
@@ -116,15 +120,17 @@ def test_run_peaks_gather_the_best_ordered_run_the_paper_misses_and_nothing_else
         window = set(range(peak - RUN_BEFORE, peak + RUN_AFTER + 1))
         assert window <= set(kept.tolist()) and not window & set(paper.tolist())
         assert set(paper.tolist()) - set(kept.tolist()) == set(paper[-len(window) - 8:-8].tolist())  # its weakest
-    # through the pipeline: where the paper's gather has the best run, run_peaks changes nothing
+    # through the pipeline: where the paper's gather (run_peaks=0) has the best run, run_peaks changes nothing
     pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
-                    recompute_budget=200, gather_keep=8, pool_window=9)
+                    recompute_budget=200, gather_keep=8, pool_window=9, run_peaks=0)
     ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 8 + "VAR KWY = VAR QXZ. The sky is blue. " * 8)
     part = pipe.templater.question("Which variables hold 4711?")
     runs = ordered_run_scores(ctx.state.data, ctx.method.query_embeddings(ctx, part), PEAK_RUN)
     paper = ctx.method.select(ctx, part, Timer())
     assert int(runs.argmax()) in paper.tolist()
     assert torch.equal(type(ctx.method)(replace(ctx.method.config, run_peaks=1)).select(ctx, part, Timer()), paper)
-    assert "run_peaks" not in options_json(ctx.method.config)
+    assert "run_peaks" not in options_json(ctx.method.config)             # the paper's: saved as before
+    assert options_json(replace(ctx.method.config, run_peaks=1))["run_peaks"] == 1
+    assert Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0").method.config.run_peaks == 1  # the default
     with pytest.raises(ValueError, match="run_peaks of reform cannot be negative"):
         Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", run_peaks=-1)

@@ -261,3 +261,23 @@ def test_an_option_added_later_keeps_old_files_and_keys(saved, tmp_path):
     loaded = pipe.load_context(tmp_path / "m.reform")
     assert loaded.method.config.match_run == 8
     assert loaded.ask(QUESTION, max_new_tokens=8).tokens == mctx.ask(QUESTION, max_new_tokens=8).tokens
+
+
+def test_a_default_that_changed_keeps_old_files_and_runs_as_they_ran(saved, tmp_path):
+    """REFORM's ``run_peaks`` is on by default since after contexts were first saved: a file saved without
+    it (every file before; today's ``run_peaks=0``) is rebuilt with it off, as it ran; today's default is
+    saved, restored and keyed apart; an eval run before the change is not resumed as today's ``reform``."""
+    from reform.eval.specs import MethodSpec
+    from reform.methods.options import options_json
+    pipe, ctx, path = saved
+    assert pipe.load_context(path).method.config.run_peaks == 1
+    paper = make(**{**METHODS["reform"], "run_peaks": 0})
+    assert "run_peaks" not in options_json(paper.method.config)
+    assert paper.context_key(ctx.ids) != pipe.context_key(ctx.ids)
+    paper.encode(CONTEXT).save(tmp_path / "paper.reform")
+    assert pipe.load_context(tmp_path / "paper.reform").method.config.run_peaks == 0
+    # the hash eval folders were written with before the default changed (options []), kept by run_peaks=0
+    before = "76184dbbc44a"
+    assert MethodSpec.parse("reform:run_peaks=0").config_hash("x") == before
+    assert MethodSpec.parse("reform").config_hash("x") != before
+    assert MethodSpec.parse("reform").config_hash("x") == MethodSpec.parse("reform:run_peaks=1").config_hash("x")

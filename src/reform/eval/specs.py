@@ -119,9 +119,20 @@ class MethodSpec:
 
     def config_hash(self, model_name: str, use_chat_template: bool = True) -> str:
         """What the predictions depend on besides the row: model, method, options, prompt layout."""
-        key = json.dumps({"model": model_name, "method": self.name, "options": [list(o) for o in self.options],
+        key = json.dumps({"model": model_name, "method": self.name, "options": [list(o) for o in self.hashed_options],
                           "chat_template": use_chat_template}, sort_keys=True, default=str)
         return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+    @property
+    def hashed_options(self) -> list:
+        """The options as the behaviour they select (``as_behaviour``): ``reform`` answered before
+        ``run_peaks`` was on by default hashes as ``reform:run_peaks=0`` does today, and not as ``reform``."""
+        from ..methods.base import REGISTRY
+        from ..methods.options import as_behaviour
+        config_cls = getattr(REGISTRY.get(self.name), "Config", None)
+        given = dict(self.options)
+        run = {k: v for k, v in given.items() if k in RUN_OPTIONS}
+        return sorted((as_behaviour(config_cls, self.method_options) | run).items())
 
     def to_json(self, model_name: str, use_chat_template: bool = True) -> dict:
         return {"label": self.label, "name": self.name, "options": dict(self.options),

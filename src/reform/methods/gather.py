@@ -36,8 +36,14 @@ EXPAND = 32          # tokens on each side of a first-round peak that may join t
 PEAKS = 2            # first-round peaks whose rare tokens ask the second round
 
 
+def reform_with(ctx, **options):
+    """REFORM with the paper's gather (``match_run`` and ``run_peaks`` off, whatever the context was
+    encoded with), then ``options``."""
+    return type(ctx.method)(replace(ctx.method.config, **{"match_run": 0, "run_peaks": 0, **options}))
+
+
 def paper(ctx, part) -> torch.Tensor:
-    return ctx.method.select(ctx, part, Timer())
+    return reform_with(ctx).select(ctx, part, Timer())
 
 
 def gather(ctx, scores: torch.Tensor) -> torch.Tensor:
@@ -52,12 +58,12 @@ def aligned(ctx, part, run: int) -> torch.Tensor:
 
 def matched(ctx, part, run: int) -> torch.Tensor:
     """REFORM's own gather with ``match_run`` = ``run``."""
-    return type(ctx.method)(replace(ctx.method.config, match_run=run)).select(ctx, part, Timer())
+    return reform_with(ctx, match_run=run).select(ctx, part, Timer())
 
 
 def run_peaks(ctx, part, peaks: int) -> torch.Tensor:
     """REFORM's own gather with ``run_peaks`` = ``peaks``."""
-    return type(ctx.method)(replace(ctx.method.config, run_peaks=peaks)).select(ctx, part, Timer())
+    return reform_with(ctx, run_peaks=peaks).select(ctx, part, Timer())
 
 
 def forced_peaks(ctx, part, peaks: int) -> torch.Tensor:

@@ -234,24 +234,51 @@ def to_json_value(value):
 INPUT_ONLY = {"input_only": True}   # field metadata: resolving turns the field into other fields' values
 
 
-# field metadata for an option added after contexts were first saved: left out of the saved options (and of
-# the content key) while at its default, so contexts saved before it existed load, and keep their store keys
-ADDED_LATER = {"added_later": True}
+def added_later(before) -> dict:
+    """Field metadata for an option added after contexts were first saved: ``before`` is how the method
+    behaved before the option existed. At that value the option is left out of the saved options (and of
+    the content key, and of an eval's config hash), so contexts saved before it existed load and keep their
+    store keys; a saved file without it is rebuilt at ``before``, whatever today's default, so a default
+    that changes later never passes old records off as new behaviour."""
+    return {"added_later": True, "before": before}
+
+
+def before_added(f) -> object:
+    """The value an ``added_later`` field stands for when a saved file does not name it."""
+    return f.metadata.get("before", f.default)
+
+
+def as_behaviour(config_cls: type | None, given: dict) -> dict:
+    """The ``given`` options of a method as the behaviour they select, for keys that say which records
+    are the same run (an eval's config hash): an ``added_later`` option given at the value it stands for
+    when absent is dropped (it is how the method ran before the option existed), and one left out whose
+    default has since moved away from that value is added at its default."""
+    out = dict(given)
+    for f in fields(config_cls) if config_cls is not None else ():
+        if not f.metadata.get("added_later"):
+            continue
+        if f.name in out and out[f.name] == before_added(f):
+            del out[f.name]
+        elif f.name not in out and f.default != before_added(f):
+            out[f.name] = f.default
+    return out
 
 
 def options_json(config, saved: dict | None = None) -> dict:
     """Every field of a (resolved) method config as plain JSON, but the input-only ones (``INPUT_ONLY``:
-    already spelled out in the fields they set) and the ``ADDED_LATER`` ones at their default; ``{}`` for
-    a method without options. With ``saved`` (options read from a file): those options in the same form
-    (an ``ADDED_LATER`` field written at its default dropped), to compare with the config's."""
+    already spelled out in the fields they set) and the ``added_later`` ones at the value they stand for
+    when absent; ``{}`` for a method without options. With ``saved`` (options read from a file): those
+    options in the same form (an ``added_later`` field written at that value dropped), to compare with the
+    config's."""
     if config is None:
         return {}
-    later_at_default = {f.name for f in fields(config) if f.metadata.get("added_later")
-                        and (getattr(config, f.name) if saved is None else saved.get(f.name, f.default)) == f.default}
+    later_as_before = {f.name for f in fields(config) if f.metadata.get("added_later")
+                       and (getattr(config, f.name) if saved is None else saved.get(f.name, before_added(f)))
+                       == before_added(f)}
     if saved is not None:
-        return {k: v for k, v in saved.items() if k not in later_at_default}
+        return {k: v for k, v in saved.items() if k not in later_as_before}
     return {f.name: to_json_value(getattr(config, f.name)) for f in fields(config)
-            if not f.metadata.get("input_only") and f.name not in later_at_default}
+            if not f.metadata.get("input_only") and f.name not in later_as_before}
 
 
 def options_from_json(config_cls: type | None, data: dict) -> dict:
@@ -262,6 +289,8 @@ def options_from_json(config_cls: type | None, data: dict) -> dict:
     out = {}
     for f in fields(config_cls):
         if f.name not in data:
+            if f.metadata.get("added_later") and before_added(f) != f.default:
+                out[f.name] = before_added(f)   # saved before the option existed: rebuilt as it behaved then
             continue
         value, default = data[f.name], f.default
         if isinstance(default, torch.dtype):

@@ -35,7 +35,7 @@ from ..engine.policies import H2OPolicy, forced_mask, top_budget
 from ..heads import load_preset, resolve_heads
 from ..stats import Timer
 from .base import Context, Method, Runtime, register
-from .options import ADDED_LATER, INPUT_ONLY, keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
+from .options import INPUT_ONLY, added_later, keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
 
 
 
@@ -88,7 +88,8 @@ def distinct_peaks(scores: torch.Tensor, window: int, count: int, skip: torch.Te
 def raise_run_windows(pooled: torch.Tensor, runs: torch.Tensor, c: "ReformConfig", peaks: int,
                       only_missed: bool = False) -> None:
     """Lift the windows around the ``peaks`` best distinct ordered runs (``RUN_BEFORE`` tokens before a run's
-    best token, ``RUN_AFTER`` after it; the always-kept ends aside) above every other score, in place;
+    best token, ``RUN_AFTER`` after it; the always-kept ends aside) above every other score, in place, in
+    ``window_order``;
     ``only_missed``: of the best runs anywhere, only those whose best token the paper's gather of
     ``pooled`` leaves out."""
     n = pooled.shape[0]
@@ -97,10 +98,21 @@ def raise_run_windows(pooled: torch.Tensor, runs: torch.Tensor, c: "ReformConfig
     if only_missed:     # the best runs anywhere, the ends included: one already gathered needs no window
         missed[gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)] = False
         ends = torch.zeros_like(ends)
-    top = float(pooled.max()) + 1.0
+    lifted = float(pooled.max()) + 1.0 + window_order()
     for p in distinct_peaks(runs, c.pool_window, peaks, ends):
         if missed[p]:
-            pooled[max(0, p - RUN_BEFORE):p + RUN_AFTER + 1] = top
+            lo, hi = max(0, p - RUN_BEFORE), min(n, p + RUN_AFTER + 1)
+            part = lifted[lo - (p - RUN_BEFORE):hi - (p - RUN_BEFORE)].to(pooled)
+            pooled[lo:hi] = torch.maximum(pooled[lo:hi], part)
+
+
+def window_order() -> torch.Tensor:
+    """Scores in (0, 1] over a run window's ``RUN_BEFORE + 1 + RUN_AFTER`` tokens, highest first for the
+    run's best token, then the tokens after it in order (where a needle's value follows its key), then
+    those before it, nearest first: a budget too small for a whole window keeps its key and value."""
+    offsets = torch.arange(-RUN_BEFORE, RUN_AFTER + 1)
+    order = torch.where(offsets >= 0, offsets, RUN_AFTER - offsets)
+    return 1.0 - order / float(offsets.numel())
 
 
 def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
@@ -165,13 +177,14 @@ class ReformConfig:
     # > 0: each token's score adds its best ordered run of this many tokens matching as many question
     # tokens in order (``ordered_run_scores``). Not in the paper: keys made of pieces every other key also
     # has (RULER's UUID keys) match only in order (docs/evaluation.md, "Retrieval at 64k and 128k").
-    match_run: int = field(default=0, metadata=ADDED_LATER)
+    match_run: int = field(default=0, metadata=added_later(0))
     # > 0: of the best distinct ordered runs (``PEAK_RUN`` tokens in the question's order) this many are
     # looked at, and the window around each whose best token the paper's gather leaves out is gathered
     # first; the paper's ranking fills the rest. Not in the paper; where ``match_run`` re-ranks every token,
-    # this gathers exactly what the paper does whenever the best run is already in it
-    # (docs/evaluation.md, "Retrieval at 64k and 128k").
-    run_peaks: int = field(default=0, metadata=ADDED_LATER)
+    # this gathers exactly what the paper does whenever the best run is already in it. On by default since
+    # it raised recall at 32k-128k and changed no row the paper's gather covered (docs/evaluation.md,
+    # "run_peaks"); 0 is the paper's gather, and what files saved before the option existed stand for.
+    run_peaks: int = field(default=1, metadata=added_later(0))
     score_window: int = 128
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)

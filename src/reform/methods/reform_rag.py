@@ -3,14 +3,14 @@ dense retriever's passage scores by a weighted sum; gather and recompute as REFO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..engine.layout import QuestionPart
 from .base import Context, Runtime, register
-from .options import require_positive
+from .options import added_later, require_positive
 from .rag import PassageIndex
 from .reform import Reform, ReformConfig
 from .retrievers import Dense
@@ -30,6 +30,8 @@ class ReformRagConfig(ReformConfig):
 
     weight: float = 0.5
     passage_tokens: int = 128
+    # REFORM's run_peaks, off here by default: its recall was measured on REFORM's ranking, not on this mix
+    run_peaks: int = field(default=0, metadata=added_later(0))
 
     def check(self, shape) -> None:
         super().check(shape)
