@@ -23,7 +23,6 @@ import argparse
 import copy
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -54,7 +53,8 @@ def encode(args) -> None:
         ctx = pipe.encode(row.context)
         seconds = time.perf_counter() - t
         ctx.save(folder / f"{name}.reform")
-        meta = {"id": row.id, "file": f"{name}.reform", "suite": args.suite, "depth": row.depth, "task": row.task, "length": row.length, "sample": row.sample,
+        meta = {"id": row.id, "file": f"{name}.reform", "suite": args.suite, "depth": row.depth, "task": row.task,
+                "length": row.length, "sample": row.sample,
                 "question": row.question, "answer_prefix": row.answer_prefix, "golds": evidence(row),
                 "encode_s": round(seconds, 1), "tokens": int(ctx.ids.shape[0]), "cpu": cpu_name()}
         with open(folder / "rows.jsonl", "a") as f:
@@ -155,12 +155,12 @@ def answer(ctx, row, variants: list[str], text: str) -> list[dict]:
     """Answer ``row`` with the paper's gather and each of ``variants`` (a number: REFORM's ``match_run``;
     a name: that gather variant of ``reform.methods.gather``): score and recall."""
     from reform.eval.tasks.scoring import score
-    from reform.methods.gather import VARIANTS
+    from reform.methods.gather import VARIANTS, reform_with
     base, out, paper_kept = ctx.method, [], None
     part = ctx.pipeline.templater.question(row.question, row.answer_prefix)
     for variant in ["paper"] + [v for v in variants if v != "paper"]:
         method = copy.copy(base)      # the paper's gather (whatever the context was saved with), then the variant
-        method.config = replace(base.config, match_run=int(variant) if variant.isdigit() else 0, run_peaks=0)
+        method.config = reform_with(ctx, match_run=int(variant) if variant.isdigit() else 0).config
         if not variant.isdigit() and variant != "paper":
             method.select = lambda c, part, timer, pick=VARIANTS[variant]: pick(c, part)
         ctx.method = method
