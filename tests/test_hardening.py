@@ -276,6 +276,26 @@ def test_ctrl_c_says_what_was_kept(tiny_model_dir, tmp_path):
     assert sorted(f.name for f in tmp_path.iterdir()) == ["big.txt"]     # no partial or temporary file
 
 
+def test_import_reform_is_light_and_names_load_on_use():
+    code = ("import sys, reform; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from reform import Pipeline, Context; assert Pipeline.__name__ == 'Pipeline' and 'torch' in sys.modules; "
+            "try:\n    reform.Nope\nexcept AttributeError as e:\n    print(e)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "module 'reform' has no attribute 'Nope'", r.stderr
+
+
+def test_ctrl_c_while_starting_is_one_line():
+    # half a second in, `reform` is still importing torch: the same one line and status 130 as later
+    p = subprocess.Popen([REFORM, "ask", "-", "-q", "What?"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted (Ctrl-C)"), err
+
+
 def test_dash_reads_stdin(tiny_model_dir):
     r = run("ask", "-", "-q", "What?", "--json", "--model", tiny_model_dir, *TINY_HEADS, "--max-new-tokens", "2",
             input=DOC)
