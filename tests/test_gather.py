@@ -77,7 +77,8 @@ def test_gather_variants_keep_the_budget_and_the_ends():
     from reform.pipeline import Pipeline
     pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
                     recompute_budget=100, gather_keep=8, pool_window=9)
-    ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 6 + "VAR KWY = VAR QXZ. The sky is blue. " * 6)
+    text = "VAR QXZ = 4711. The grass is green. " * 6 + "VAR KWY = VAR QXZ. The sky is blue. " * 6
+    ctx = pipe.encode(text)
     part = pipe.templater.question("Which variables hold 4711?")
     n = ctx.ids.shape[0]
     for name, variant in VARIANTS.items():
@@ -89,6 +90,13 @@ def test_gather_variants_keep_the_budget_and_the_ends():
     from dataclasses import replace
     paper = type(ctx.method)(replace(ctx.method.config, run_peaks=0))
     assert torch.equal(VARIANTS["paper"](ctx, part), paper.select(ctx, part, None))
+    # "rag" / "ragpeaks1" on a REFORM context are what REFORM+RAG itself gathers (run_peaks 0 / 1)
+    for variant, peaks in (("rag", 0), ("ragpeaks1", 1)):
+        hybrid = Pipeline(tiny("llama"), CharTokenizer(), method="reform+rag", run_peaks=peaks,
+                          heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=100,
+                          gather_keep=8, pool_window=9)
+        own = hybrid.encode(text)
+        assert torch.equal(VARIANTS[variant](ctx, part), own.method.select(own, part, None)), variant
 
 
 def test_run_peaks_gather_the_best_ordered_run_the_paper_misses_and_nothing_else():

@@ -17,19 +17,25 @@ token. Two kinds of needle defeat that:
   (at most ``RARE`` occurrences in the context) around the first round's best windows, and the rest of
   the budget goes to what they match.
 
+``rag`` and ``ragpeaks1``: REFORM+RAG's gather (its dense passage scores mixed into REFORM's) without and
+with ``run_peaks``, to decide whether the hybrid takes it by default too.
+
 Each function returns the indices (ascending) of the gathered tokens with the method's budget and ends.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
 from ..engine.policies import forced_mask
 from ..stats import Timer
+from .rag import PassageIndex
 from .reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
                      token_scores)
+from .reform_rag import ReformRag, ReformRagConfig
+from .retrievers import Dense
 
 RARE = 8             # a token id seen at most this often in the context is "rare" (a name, a key, a number)
 EXPAND = 32          # tokens on each side of a first-round peak that may join the second round's query
@@ -75,6 +81,19 @@ def forced_peaks(ctx, part, peaks: int) -> torch.Tensor:
     return gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)
 
 
+def with_rag(ctx, part, peaks: int) -> torch.Tensor:
+    """REFORM+RAG's gather (REFORM §4.4) on a REFORM context, with ``run_peaks`` = ``peaks``: REFORM's
+    options, the hybrid's own defaults (weight, passage size). The dense passage index is built on first
+    use and kept in ``ctx.extra`` (REFORM+RAG builds it at encode time)."""
+    c = ctx.method.config
+    config = ReformRagConfig(**{f.name: getattr(c, f.name) for f in fields(c)})
+    method = ReformRag(replace(config, match_run=0, run_peaks=peaks))
+    if "passages" not in ctx.extra:
+        ctx.extra["passages"] = PassageIndex.build(ctx.pipeline, ctx.ids, config.passage_tokens,
+                                                   Dense(ctx.pipeline.engine.device))
+    return method.select(ctx, part, Timer())
+
+
 def rounds2(ctx, part) -> torch.Tensor:
     """Half the budget (beyond the ends) from the paper's scores, half from a second round asked with the
     rare tokens around the first round's ``PEAKS`` best windows."""
@@ -102,4 +121,5 @@ VARIANTS = {"paper": paper, "rounds2": rounds2,
             **{f"aligned{run}": (lambda run: lambda ctx, part: aligned(ctx, part, run))(run) for run in (4, 8, 16)},
             **{f"paper+aligned{run}": (lambda run: lambda ctx, part: matched(ctx, part, run))(run) for run in (8, 16)},
             **{f"runpeaks{k}": (lambda k: lambda ctx, part: run_peaks(ctx, part, k))(k) for k in (1, 2)},
-            **{f"forcedpeaks{k}": (lambda k: lambda ctx, part: forced_peaks(ctx, part, k))(k) for k in (1, 2)}}
+            **{f"forcedpeaks{k}": (lambda k: lambda ctx, part: forced_peaks(ctx, part, k))(k) for k in (1, 2)},
+            "rag": lambda ctx, part: with_rag(ctx, part, 0), "ragpeaks1": lambda ctx, part: with_rag(ctx, part, 1)}
