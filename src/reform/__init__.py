@@ -13,10 +13,11 @@ from .version import __version__
 if TYPE_CHECKING:
     from .engine import Engine, HeadSpec
     from .methods import Answer, Context, ReformConfig
+    from .methods.checkpoint import Checkpoint
     from .pipeline import Pipeline
 
 _PUBLIC = {"Engine": ".engine", "HeadSpec": ".engine", "Answer": ".methods", "Context": ".methods",
-           "ReformConfig": ".methods", "Pipeline": ".pipeline"}
+           "ReformConfig": ".methods", "Pipeline": ".pipeline", "Checkpoint": ".methods.checkpoint"}
 
 __all__ = [*_PUBLIC, "__version__"]
 

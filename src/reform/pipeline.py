@@ -15,6 +15,7 @@ from .engine.core import Engine
 from .engine.layout import Templater, as_tensor
 from .heads import find_preset
 from .methods import REGISTRY, Answer, Context, Method
+from .methods.checkpoint import Checkpoint
 from .methods.full import QuestionAlone
 from .methods.options import options_from_json, options_json
 from .methods.saved import restore_parts
@@ -123,12 +124,17 @@ class Pipeline:
             raise ValueError(f"method '{name}' cannot be rebuilt with the saved options {spec.get('options')}")
         return method
 
-    def load_context(self, path: str | Path) -> Context:
+    def load_context(self, path: str | Path, *, unfinished: bool = False) -> Context:
         """A context saved by ``Context.save``, checked to belong to this model (config, weights, tokenizer,
         layout, dtype), rebuilt with the method and options it was encoded with. Raises
-        ``ContextFileError`` (one line) for a missing, truncated, corrupted or foreign file."""
+        ``ContextFileError`` (one line) for a missing, truncated, corrupted or foreign file, and for an
+        unfinished encode's checkpoint unless ``unfinished`` (``methods/checkpoint.py`` reads those)."""
         t = time.perf_counter()
         manifest = read_manifest(path)
+        if "partial" in manifest and not unfinished:
+            done = (manifest["partial"] or {}).get("tokens", "?")
+            raise ContextFileError(f"{path} is an unfinished encode ({done} of {manifest.get('tokens', '?')} tokens): "
+                                   "run the encode again with it as its checkpoint to finish it")
         self.check_identity(manifest.get("model") or {}, path)
         try:
             method = self.method_from(manifest.get("method") or {})
@@ -223,20 +229,33 @@ class Pipeline:
                              add_special_tokens=False)
         return got["input_ids"][0], {k: v for k, v in got.items() if k not in ("input_ids", "attention_mask")}
 
-    def encode(self, content, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, content, progress: Callable[[int], None] | None = None,
+               checkpoint: str | Path | Checkpoint | None = None) -> Context:
         """Encode ``content`` once: text, or a list of text and image parts (``tokenize_parts``). The
-        tokenisation and the images' vision-tower pass are not included in the encode time."""
-        return self.encode_tokens(*self.tokenize_parts(content), progress=progress)
+        tokenisation and the images' vision-tower pass are not included in the encode time.
+
+        ``checkpoint`` (a path, or a ``Checkpoint`` to set the interval, default 5 min): the encode saves
+        its state there every few minutes and, given a checkpoint an interrupted encode of the same input
+        left, goes on from it; the file is removed once the encode is done (REFORM, one segment)."""
+        return self.encode_tokens(*self.tokenize_parts(content), progress=progress, checkpoint=checkpoint)
 
     def encode_tokens(self, ids: torch.Tensor, image_rows: torch.Tensor | None = None,
-                      progress: Callable[[int], None] | None = None) -> Context:
+                      progress: Callable[[int], None] | None = None,
+                      checkpoint: str | Path | Checkpoint | None = None) -> Context:
         """Encode what ``tokenize_parts`` returned (callers that show progress over the tokens first)."""
-        rows = image_rows
+        rows, resuming = image_rows, {}
+        if checkpoint is not None:
+            if not self.method.resumable:
+                raise ValueError(f"method '{self.method.name}' cannot checkpoint its encode: REFORM's can")
+            resuming["checkpoint"] = checkpoint = (checkpoint if isinstance(checkpoint, Checkpoint)
+                                                   else Checkpoint(Path(checkpoint)))
         t = time.perf_counter()
         with self.engine.input_rows(rows):
-            ctx = self.method.encode(self, ids, progress)
+            ctx = self.method.encode(self, ids, progress, **resuming)
         ctx.image_rows = rows
-        ctx.encode_seconds = time.perf_counter() - t
+        ctx.encode_seconds = time.perf_counter() - t + (checkpoint.spent_before if checkpoint is not None else 0.0)
+        if checkpoint is not None:
+            checkpoint.discard()
         return ctx
 
     def without_context(self) -> Context:

@@ -277,13 +277,13 @@ def notes_as_lines():
         yield
 
 
-def encode_text(pipe, content, quiet: bool):
+def encode_text(pipe, content, quiet: bool, checkpoint=None):
     """Encode ``content`` (text, or text and image parts: ``read_inputs``) with a progress bar over its
-    tokens (refusals become one-line errors)."""
+    tokens (refusals become one-line errors); ``checkpoint`` as ``Pipeline.encode``'s."""
     try:
         ids, rows = pipe.tokenize_parts(content)
         with encode_progress(ids.shape[0], quiet) as progress, notes_as_lines():
-            return pipe.encode_tokens(ids, rows, progress)
+            return pipe.encode_tokens(ids, rows, progress, checkpoint=checkpoint)
     except ValueError as e:
         raise CliError(str(e)) from None
 

@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .common import (CliError, LoadArgs, app, check_load_options, checked_output, encode_text, err, fail,
-                     on_interrupt, pipeline_from, read_text_file, with_load_options)
+                     on_interrupt, pipeline_from, read_text_file, say, with_load_options)
 
 
 @app.command()
@@ -30,6 +30,9 @@ def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --sto
            workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Ray actors, each loading the "
                                                  "model once (default: the cluster's CPUs / --threads-per-worker)"),
            threads_per_worker: int = typer.Option(1, "--threads-per-worker", min=1, help="CPUs per Ray actor"),
+           checkpoint_minutes: Optional[float] = typer.Option(
+               None, "--checkpoint-minutes", min=0, help="with --out: save the encode's state to OUT.partial this "
+               "often (default 5; 0: after every chunk); the same command resumes from it (REFORM)"),
            as_json: bool = typer.Option(False, "--json", help="print one JSON object with the result"),
            *, load: LoadArgs):
     """Encode documents once and save their contexts; ask them later with `reform ask --context FILE`
@@ -40,23 +43,26 @@ def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --sto
             raise CliError("give --out FILE (one document) or --store FOLDER_OR_URL (one or many documents)")
         if ray and store is None:
             raise CliError("--ray encodes into a store: give --store FOLDER_OR_URL")
+        if checkpoint_minutes is not None and output is None:
+            raise CliError("--checkpoint-minutes is for one document (--out FILE)")
         load = args.load()
     except CliError as e:
         fail(e)
     if output is not None:
-        encode_one(Path(source), output, load, as_json)
+        encode_one(Path(source), output, load, as_json, checkpoint_minutes)
     else:
         encode_corpus(source, store, load, ray, address, workers, threads_per_worker, as_json)
 
 
-def encode_one(file: Path, output: Path, load: dict, as_json: bool) -> None:
+def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_minutes: float | None) -> None:
     from ..store import ContextFileError
     try:
         output = checked_output(output, "--out", folder=False)
         on_interrupt(f"nothing was written ({output} is as it was); run the command again to encode from the start")
         text = read_text_file(file)
         pipe = pipeline_from(load)
-        ctx = encode_text(pipe, text, as_json)
+        checkpoint = checkpoint_for(pipe, output, checkpoint_minutes)
+        ctx = encode_text(pipe, text, as_json, checkpoint)
         t = time.perf_counter()
         size = ctx.save(output)
         save_s = time.perf_counter() - t
@@ -72,6 +78,30 @@ def encode_one(file: Path, output: Path, load: dict, as_json: bool) -> None:
     else:
         err.print(f"saved {output}: {n} tokens encoded in {ctx.encode_seconds:.1f} s ({pipe.method.name}), "
                   f"{size / 2**20:.1f} MiB on disk ({size / n:.0f} bytes per token)")
+
+
+def checkpoint_for(pipe, output: Path, minutes: float | None):
+    """``OUT.partial``, where a REFORM encode keeps its state every few minutes (``methods/checkpoint.py``)
+    and from which the same command goes on; None for a method that cannot resume (refused if asked for)."""
+    from ..methods.checkpoint import Checkpoint
+    from ..store.format import read_manifest
+    if not pipe.method.resumable or getattr(pipe.method.config, "segments", 1) > 1:
+        if minutes is not None:
+            raise CliError(f"--checkpoint-minutes: method '{pipe.method.name}' cannot resume an encode "
+                           "(REFORM with one segment can)")
+        return None
+    partial = output.with_name(output.name + ".partial")
+
+    def kept(done: int, total: int) -> None:
+        on_interrupt(f"{done:,} of {total:,} tokens are encoded and kept in {partial} ({output} is as it was); "
+                     "run the same command again to go on from there")
+    if partial.exists():
+        manifest = read_manifest(partial)
+        done = (manifest.get("partial") or {}).get("tokens")
+        if isinstance(done, int):
+            say("[yellow]note:[/]", f"going on from {partial} ({done:,} tokens were encoded before)")
+            kept(done, manifest.get("tokens", 0))
+    return Checkpoint(partial, every_s=60 * (5.0 if minutes is None else minutes), on_saved=kept)
 
 
 def encode_corpus(source: str, store: str, load: dict, ray: bool, address: str | None, workers: int | None,

@@ -101,9 +101,10 @@ class Context:
             return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
                                       sampling=sampling, fit_window=fit_window)
 
-    def save(self, path) -> int:
+    def save(self, path, *, partial: dict | None = None) -> int:
         """Write this context to ``path`` (one safetensors file with a JSON manifest, atomically, see
-        ``reform.store.format``); ``Pipeline.load_context(path)`` reads it back. Returns bytes written."""
+        ``reform.store.format``); ``Pipeline.load_context(path)`` reads it back. Returns bytes written.
+        ``partial``: this is an unfinished encode's state (``methods/checkpoint.py``), not a context to ask."""
         from datetime import datetime, timezone
 
         from ..store.format import ids_sha256, write_context_file
@@ -115,7 +116,8 @@ class Context:
                     "method": {"name": self.method.name, "options": options_json(self.method.config)},
                     "tokens": int(self.ids.shape[0]), "ids_sha256": ids_sha256(self.ids),
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "encode": {"seconds": round(self.encode_seconds, 3)}, **layout}
+                    "encode": {"seconds": round(self.encode_seconds, 3)}, **layout,
+                    **({"partial": partial} if partial is not None else {})}
         return write_context_file(path, tensors, manifest)
 
 
@@ -138,6 +140,8 @@ class Method:
     sliding_windows: ClassVar[bool] = True
     # False for methods that read the context as text (retrievers), which an image's positions are not
     takes_images: ClassVar[bool] = True
+    # True for methods whose ``encode`` takes a ``checkpoint`` to save its state to and resume from
+    resumable: ClassVar[bool] = False
 
     def __init__(self, config=None):
         self.config = config

@@ -35,6 +35,7 @@ from ..engine.policies import H2OPolicy, forced_mask, top_budget
 from ..heads import load_preset, resolve_heads
 from ..stats import Timer
 from .base import Context, Method, Runtime, register
+from .checkpoint import Checkpoint
 from .options import INPUT_ONLY, added_later, keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
 
 
@@ -224,6 +225,7 @@ class ReformConfig:
 class Reform(Method):
     name = "reform"
     Config = ReformConfig
+    resumable = True
 
     @classmethod
     def create(cls, shape: ModelShape, model_name: str, defaults: dict | None = None, heads=None,
@@ -238,13 +240,18 @@ class Reform(Method):
         heads = tuple(resolve_heads(heads, model_name, shape))
         return super().create(shape, model_name, defaults, heads=heads, **options)
 
-    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None,
+               checkpoint: Checkpoint | None = None) -> Context:
+        """``checkpoint``: save the chunk loop's state there now and then, and go on from it if it holds
+        some (``methods/checkpoint.py``; one segment only)."""
         c = self.config
         if ids.shape[0] <= c.recompute_budget:   # everything will be recomputed: nothing to compress
             return Context(pipe, self, ids)
         pieces = segment_pieces(ids, c.segments, c.chunk_size)
+        if checkpoint is not None and len(pieces) > 1:
+            raise ValueError("a segment-parallel encode (segments > 1) cannot be checkpointed: use segments=1")
         if len(pieces) == 1:
-            data, cache = self.encode_segment(pipe, ids, 0, progress)
+            data, cache = self.encode_segment(pipe, ids, 0, progress, checkpoint=checkpoint)
         else:
             run = pipe.segment_runner or (lambda todo: [self.encode_segment(pipe, p, skip, progress, last)
                                                         for p, skip, last in todo])
@@ -254,13 +261,20 @@ class Reform(Method):
         return Context(pipe, self, ids, cache=cache, state=emb)
 
     def encode_segment(self, pipe: Runtime, ids: torch.Tensor, skip: int,
-                       progress: Callable[[int], None] | None = None, keep_cache: bool = True):
+                       progress: Callable[[int], None] | None = None, keep_cache: bool = True,
+                       checkpoint: Checkpoint | None = None):
         """Compress ``ids`` chunk by chunk (§3.1) and return the retrieval embeddings of ``ids[skip:]``
         (``skip``: the anchor's tokens) and the final compressed cache (None unless ``keep_cache``)."""
         c = self.config
         emb = HeadEmbeddings(list(c.heads), pipe.engine.shape, ids.shape[0], ids.device, c.embed_dtype)
         cache = KVCache.empty(emb.exit_layer)
         policy = H2OPolicy(c.cache_budget, c.keep_first, c.keep_last, c.score_window)
+        done = 0
+        if checkpoint is not None:
+            done, cache = checkpoint.resume(pipe, self, ids, emb)
+            if progress is not None and done:
+                progress(done)
+            progress = self._saving(pipe, ids, cache, emb, done, checkpoint, progress)
         if progress is not None and skip:          # the anchor is not part of this segment's progress
             left, report = [skip], progress
 
@@ -269,9 +283,22 @@ class Reform(Method):
                 left[0] = max(0, left[0] - n)
                 if counted:
                     report(counted)
-        pipe.engine.prefill(ids, cache, chunk_size=c.chunk_size, hook=emb, policy=policy, qkv_only_next=True,
-                            progress=progress)
+        pipe.engine.prefill(ids[done:], cache, chunk_size=c.chunk_size, hook=emb, policy=policy, offset=done,
+                            qkv_only_next=True, progress=progress)
         return emb.data[skip:], (cache if keep_cache else None)
+
+    def _saving(self, pipe, ids, cache, emb, done, checkpoint, progress):
+        """``progress`` that also hands the state after each chunk to ``checkpoint``."""
+        count = [done]
+
+        def after_chunk(n: int) -> None:
+            count[0] += n
+            checkpoint.chunk_done(count[0], ids.shape[0], lambda: Context(
+                pipe, self, ids, cache=cache, state=HeadEmbeddings.from_data(emb.heads, pipe.engine.shape,
+                                                                             emb.data[:count[0]])))
+            if progress is not None:
+                progress(n)
+        return after_chunk
 
     def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
         return {} if ctx.state is None else {"embeddings": ctx.state.data}

@@ -10,6 +10,7 @@ import torch
 
 from ..engine.layout import QuestionPart
 from .base import Context, Runtime, register
+from .checkpoint import Checkpoint
 from .options import added_later, require_positive
 from .rag import PassageIndex
 from .reform import Reform, ReformConfig
@@ -46,15 +47,18 @@ class ReformRag(Reform):
     takes_images = False     # its retriever reads the context as text
     Config = ReformRagConfig
 
-    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None) -> Context:
-        ctx = super().encode(pipe, ids, progress)
+    def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None,
+               checkpoint: Checkpoint | None = None) -> Context:
+        ctx = super().encode(pipe, ids, progress, checkpoint)
         if ctx.state is not None:
             ctx.extra["passages"] = PassageIndex.build(pipe, ids, self.config.passage_tokens, Dense(pipe.engine.device))
         return ctx
 
     def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
         saved = super().saved_state(ctx)
-        return {**saved, "passages": ctx.extra["passages"].index} if saved else saved
+        if "passages" not in ctx.extra:      # an unfinished encode's checkpoint: passages come at the end
+            return saved
+        return {**saved, "passages": ctx.extra["passages"].index}
 
     def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
         super().restore_state(ctx, tensors)
