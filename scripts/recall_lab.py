@@ -9,7 +9,8 @@ variant costs seconds, not an encode).
         [--answer-runs 16,runpeaks1]   # also answer with the paper's gather, match_run=16 and runpeaks1, scored
         [--changed-only]               # ... only the rows where some variant gathers other tokens than the paper
 
-``encode`` saves one ``.reform`` file per row (resumable: a row already saved is skipped) beside a JSON
+``encode`` saves one ``.reform`` file per row (resumable: a row already saved is skipped, a row cut off goes on
+from its ``.partial`` checkpoint, saved every 5 min) beside a JSON
 line describing the row (task, length, sample, question, gold strings); ``measure`` loads each, gathers
 with every variant (``reform.methods.gather``), and writes recall per variant and per task to
 ``OUT/recall.jsonl`` and ``OUT/recall.md``, with an explanation of each miss of the paper's gather
@@ -33,6 +34,7 @@ from reform.eval.recall import evidence, gold_kept, recall
 from reform.eval.specs import format_length, parse_lengths
 from reform.eval.tasks import make_rows
 from reform.machine import cpu_name
+from reform.methods.checkpoint import Checkpoint
 from reform.pipeline import Pipeline
 from reform.stats import Timer
 
@@ -49,14 +51,16 @@ def encode(args) -> None:
         name = row.id.replace("/", "_")
         if (folder / f"{name}.reform").exists():
             continue
-        t = time.perf_counter()
-        ctx = pipe.encode(row.context)
-        seconds = time.perf_counter() - t
+        # an interrupted row goes on from its checkpoint (every 5 min) instead of starting over
+        checkpoint = Checkpoint(folder / f"{name}.partial", every_s=300)
+        ctx = pipe.encode(row.context, checkpoint=checkpoint)
+        seconds = ctx.encode_seconds      # the runs before an interruption included
         ctx.save(folder / f"{name}.reform")
         meta = {"id": row.id, "file": f"{name}.reform", "suite": args.suite, "depth": row.depth, "task": row.task,
                 "length": row.length, "sample": row.sample,
                 "question": row.question, "answer_prefix": row.answer_prefix, "golds": evidence(row),
-                "encode_s": round(seconds, 1), "tokens": int(ctx.ids.shape[0]), "cpu": cpu_name()}
+                "encode_s": round(seconds, 1), "resumed": checkpoint.spent_before > 0, "tokens": int(ctx.ids.shape[0]),
+                "cpu": cpu_name()}
         with open(folder / "rows.jsonl", "a") as f:
             f.write(json.dumps(meta) + "\n")
         print(json.dumps({k: meta[k] for k in ("id", "encode_s", "tokens")}), flush=True)
