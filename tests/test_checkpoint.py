@@ -77,6 +77,8 @@ def test_checkpoints_of_another_input_or_options_are_refused(tmp_path):
     done.save(tmp_path / "done.reform")
     with pytest.raises(ContextFileError, match="finished saved context, not an encode's checkpoint"):
         pipe.encode(TEXT, checkpoint=tmp_path / "done.reform")
+    pipe.encode("short", checkpoint=tmp_path / "done.reform")   # nothing to compress, nothing to resume:
+    assert (tmp_path / "done.reform").exists()                  # a file it did not write is left alone
 
 
 def test_only_what_can_resume_takes_a_checkpoint(tmp_path):

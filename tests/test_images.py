@@ -288,3 +288,26 @@ def test_past_the_window_the_answer_is_transformers_over_the_gathered_positions(
         hf = model.generate(inputs_embeds=embeds[None], max_new_tokens=8, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0].tolist()
     assert answer.tokens == hf[:len(answer.tokens)] and answer.tokens
+
+
+def test_a_checkpointed_encode_with_images_resumes_only_with_the_same_images(vlm, tmp_path):
+    """Same text and image count, other pictures: the same ids, another input. The checkpoint says so
+    (methods/checkpoint.py) instead of mixing the first pictures' state into the second's."""
+    from reform import Checkpoint
+    from reform.store import ContextFileError
+    pipe = make(vlm, recompute_budget=200)
+    whole = pipe.encode(parts())
+    assert whole.ids.shape[0] > 3 * 64                     # several chunks to stop between
+    path = tmp_path / "x.partial"
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        pipe.encode(parts(), checkpoint=Checkpoint(path, every_s=0, on_saved=stop))
+    other = parts()
+    other[1] = picture((30, 200, 30))
+    with pytest.raises(ContextFileError, match="checkpoint of another input"):
+        pipe.encode(other, checkpoint=path)
+    resumed = pipe.encode(parts(), checkpoint=path)
+    assert torch.equal(resumed.state.data, whole.state.data) and torch.equal(resumed.image_rows, whole.image_rows)
+    assert not path.exists()

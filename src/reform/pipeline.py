@@ -249,6 +249,7 @@ class Pipeline:
                 raise ValueError(f"method '{self.method.name}' cannot checkpoint its encode: REFORM's can")
             resuming["checkpoint"] = checkpoint = (checkpoint if isinstance(checkpoint, Checkpoint)
                                                    else Checkpoint(Path(checkpoint)))
+            checkpoint.image_rows = rows
         t = time.perf_counter()
         with self.engine.input_rows(rows):
             ctx = self.method.encode(self, ids, progress, **resuming)

@@ -34,6 +34,10 @@ class Checkpoint:
     every_s: float = 300.0
     on_saved: Callable[[int, int], None] | None = None
     spent_before: float = field(default=0.0, init=False)    # encode seconds of the runs before this one
+    # the input's image rows (``Pipeline.encode_tokens``), saved with the state: same ids with other
+    # pictures are another input
+    image_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _ours: bool = field(default=False, init=False, repr=False)   # the file is this encode's to remove
     _start: float = field(default=0.0, init=False, repr=False)
     _last: float = field(default=0.0, init=False, repr=False)
 
@@ -54,9 +58,13 @@ class Checkpoint:
         done = (manifest.get("partial") or {}).get("tokens")
         if not isinstance(done, int):
             raise ContextFileError(f"{self.path} is a finished saved context, not an encode's checkpoint")
+        another = ContextFileError(f"{self.path} is the checkpoint of another input; delete it to encode this one")
         if manifest.get("ids_sha256") != ids_sha256(ids):
-            raise ContextFileError(f"{self.path} is the checkpoint of another input; delete it to encode this one")
+            raise another
         saved = pipe.load_context(self.path, unfinished=True)
+        if (saved.image_rows is None) != (self.image_rows is None) or (
+                self.image_rows is not None and not torch.equal(saved.image_rows, self.image_rows)):
+            raise another
         if saved.method.name != method.name or saved.method.config != method.config:
             raise ContextFileError(f"{self.path} was encoded with other options ({saved.method.name}); delete it "
                                    "or encode with the same options")
@@ -65,6 +73,7 @@ class Checkpoint:
             raise ContextFileError(f"{self.path} is corrupted: it claims {done} tokens done")
         emb.data[:done] = saved.state.data.to(emb.data.device)
         self.spent_before = float(manifest["partial"].get("seconds") or 0.0)
+        self._ours = True
         return done, saved.cache
 
     def chunk_done(self, done: int, total: int, partial: Callable[[], object]) -> None:
@@ -74,12 +83,15 @@ class Checkpoint:
         if done >= total or now - self._last < self.every_s:
             return
         ctx = partial()
+        ctx.image_rows = self.image_rows
         seconds = self.spent_before + now - self._start
         ctx.save(self.path, partial={"tokens": done, "seconds": round(seconds, 3)})
-        self._last = time.monotonic()
+        self._last, self._ours = time.monotonic(), True
         if self.on_saved is not None:
             self.on_saved(done, total)
 
     def discard(self) -> None:
-        """The encode finished: the checkpoint has served."""
-        self.path.unlink(missing_ok=True)
+        """The encode finished: the checkpoint it wrote or went on from has served (any other file at
+        ``path`` is left alone)."""
+        if self._ours:
+            self.path.unlink(missing_ok=True)
