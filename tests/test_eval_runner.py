@@ -137,6 +137,31 @@ def test_resume_skips_finished_rows(tmp_path, counts):
     assert len(json.loads((tmp_path / "config.json").read_text())["runs"]) == 1
 
 
+def test_a_run_killed_in_an_encode_goes_on_from_its_checkpoint(tmp_path, counts, monkeypatch):
+    """REFORM's encode in flight keeps its state in OUT/partial/ (methods/checkpoint.py): killed there,
+    the next run goes on from it and writes what an uninterrupted run writes."""
+    from reform.methods import checkpoint as module
+    rows = [r for r in make_rows() if r.length == 800]
+    evaluate(rows, tmp_path / "once", counts, methods=[REFORM])
+    original = module.Checkpoint.chunk_done
+
+    def killed_after_a_save(self, done, total, partial):
+        self.every_s = 0
+        original(self, done, total, partial)
+        if done >= 3 * 64:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(module.Checkpoint, "chunk_done", killed_after_a_save)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(rows, tmp_path / "cut", counts, methods=[REFORM])
+    assert len(list((tmp_path / "cut" / "partial").iterdir())) == 1
+    monkeypatch.setattr(module.Checkpoint, "chunk_done", original)
+    evaluate(rows, tmp_path / "cut", counts, methods=[REFORM])
+    assert list((tmp_path / "cut" / "partial").iterdir()) == []
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("stats",)}
+    once, cut = (read_predictions(tmp_path / d / "predictions.jsonl") for d in ("once", "cut"))
+    assert [strip(r) for r in cut] == [strip(r) for r in once] and len(cut) == 2
+
+
 def test_config_describes_every_method_run_into_a_directory(tmp_path, counts):
     rows = make_rows()
     evaluate(rows[:2], tmp_path, counts, methods=[REFORM], meta={"lengths": [400]})
@@ -186,8 +211,8 @@ def test_long_contexts_show_encode_progress(tmp_path, counts, monkeypatch):
     from rich.console import Console
     seen = []
     encode = Pipeline.encode
-    monkeypatch.setattr(Pipeline, "encode", lambda pipe, text, progress=None: seen.append(progress) or
-                        encode(pipe, text, progress))
+    monkeypatch.setattr(Pipeline, "encode", lambda pipe, text, progress=None, **k: seen.append(progress) or
+                        encode(pipe, text, progress, **k))
     monkeypatch.setattr(runner_mod.RowProgress, "LONG", 500)
     rows = [Row(context="word " * 40, question="Which?", answers=["w"], task="t", length=200, max_new_tokens=1),
             Row(context="word " * 120, question="Which?", answers=["w"], task="t", length=600, max_new_tokens=1)]

@@ -3,7 +3,8 @@
 ``run_eval`` loads the model once, builds one ``Pipeline`` per method on it, encodes every distinct
 context once per method and asks all of that context's questions. Each finished row is appended to
 ``predictions.jsonl`` at once, so a killed run loses at most the row in flight and the next run skips
-what is there (same method label, same config hash). ``metrics.json``, ``results.md`` and the plots are
+what is there (same method label, same config hash). A REFORM encode in flight keeps its state in
+``partial/`` every 5 minutes (``methods/checkpoint.py``), so even a 1M-token row goes on from there. ``metrics.json``, ``results.md`` and the plots are
 derived from ``predictions.jsonl`` alone (``write_report``), so ``reform eval report DIR`` regenerates them.
 
 Full attention past the model's window is not run by default: its rows are recorded as ``skipped`` with
@@ -37,24 +38,29 @@ def group_by_context(rows: Iterable[Row]) -> list[list[Row]]:
     return list(groups.values())
 
 
-def encode(pipe, text, force_over_window: bool, progress: "RowProgress"):
+def encode(pipe, text, force_over_window: bool, progress: "RowProgress", checkpoint: Path | None = None):
     """``pipe.encode(text)`` (text, or text and image parts); full attention past the window raises
-    ``PastWindowWarning`` unless forced."""
+    ``PastWindowWarning`` unless forced. ``checkpoint``: where a method that can resume its encode keeps
+    its state every 5 minutes, so a run killed in the middle of a long context goes on from there."""
     from ..methods.full import PastWindowWarning
     from ..stats import reset_peak_memory
     reset_peak_memory()                         # each context's peak memory is its own
+    resumable = pipe.method.resumable and getattr(pipe.method.config, "segments", 1) == 1
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore" if force_over_window else "error", PastWindowWarning)
-            return pipe.encode(text, progress.encoding(pipe, text))
+            return pipe.encode(text, progress.encoding(pipe, text),
+                               checkpoint=checkpoint if checkpoint is not None and resumable else None)
     finally:
         progress.encoded()
 
 
 def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowProgress | None" = None,
-                 first_question: str | None = None, explain: bool = False) -> Iterator[tuple[Row, str, dict]]:
+                 first_question: str | None = None, explain: bool = False,
+                 checkpoint: Path | None = None) -> Iterator[tuple[Row, str, dict]]:
     """Encode the rows' shared context once and ask every row's question: yields (row, status, record
-    fields). ``first_question``: encode the context with it appended (query-aware compression).
+    fields). ``first_question``: encode the context with it appended (query-aware compression);
+    ``checkpoint``: as ``encode``'s.
     ``explain``: a row whose gold strings were not all gathered gets the gather's view of them
     (``reform.eval.explain``) under ``explain``, for methods that gather by score."""
     from ..methods.full import PastWindowWarning
@@ -62,7 +68,7 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
     if first_question:
         text = text + f"\n\n{first_question}" if isinstance(text, str) else [*text, f"\n\n{first_question}"]
     try:
-        ctx = encode(pipe, text, force_over_window, progress or RowProgress(False, 0))
+        ctx = encode(pipe, text, force_over_window, progress or RowProgress(False, 0), checkpoint)
     except PastWindowWarning as w:
         reason = f"{w} (not run; force_over_window / --force-over-window runs it)"
         yield from ((row, "skipped", {"reason": reason}) for row in rows)
@@ -259,8 +265,9 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                     if not group_todo:
                         continue
                     bar.describe(f"{spec.label} · {format_length(group_todo[0].length)}")
+                    partial = out / "partial" / f"{hashes[spec.label]}-{group[0].context_key}.partial"
                     answers = answer_group(pipes[spec.label], group_todo, force_over_window, bar,
-                                           group[0].question if spec.query_aware else None, explain)
+                                           group[0].question if spec.query_aware else None, explain, partial)
                     for row, status, extra in answers:
                         if status == "ok":
                             extra["score"] = float(scorer(row, extra["prediction"]))
