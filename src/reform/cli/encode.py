@@ -46,6 +46,8 @@ def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --sto
         if checkpoint_minutes is not None and output is None:
             raise CliError("--checkpoint-minutes is for one document (--out FILE)")
         load = args.load()
+        if checkpoint_minutes is not None:
+            refuse_checkpoint(load["method"])
     except CliError as e:
         fail(e)
     if output is not None:
@@ -80,15 +82,28 @@ def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_m
                   f"{size / 2**20:.1f} MiB on disk ({size / n:.0f} bytes per token)")
 
 
+def refuse_checkpoint(method: str, segments: int = 1) -> None:
+    """Refuse ``--checkpoint-minutes`` for a method that cannot resume its encode: by name before the
+    model loads, and REFORM with several segments once its options are resolved."""
+    from ..pipeline import method_class
+    try:
+        resumable = method_class(method).resumable and segments == 1
+    except ValueError:
+        return                             # an unknown method: its own error comes with the load
+    if not resumable:
+        raise CliError(f"--checkpoint-minutes: method '{method}' cannot resume an encode (REFORM with one "
+                       "segment can)")
+
+
 def checkpoint_for(pipe, output: Path, minutes: float | None):
     """``OUT.partial``, where a REFORM encode keeps its state every few minutes (``methods/checkpoint.py``)
     and from which the same command goes on; None for a method that cannot resume (refused if asked for)."""
     from ..methods.checkpoint import Checkpoint
     from ..store.format import read_manifest
-    if not pipe.method.resumable or getattr(pipe.method.config, "segments", 1) > 1:
+    segments = getattr(pipe.method.config, "segments", 1)
+    if not pipe.method.resumable or segments > 1:
         if minutes is not None:
-            raise CliError(f"--checkpoint-minutes: method '{pipe.method.name}' cannot resume an encode "
-                           "(REFORM with one segment can)")
+            refuse_checkpoint(pipe.method.name, segments)
         return None
     partial = output.with_name(output.name + ".partial")
 
