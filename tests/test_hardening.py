@@ -277,9 +277,16 @@ def test_ctrl_c_says_what_was_kept(tiny_model_dir, tmp_path):
 
 
 def test_import_reform_is_light_and_names_load_on_use():
-    code = ("import sys, reform; assert 'torch' not in sys.modules, 'torch imported'; "
-            "from reform import Pipeline, Context; assert Pipeline.__name__ == 'Pipeline' and 'torch' in sys.modules; "
-            "try:\n    reform.Nope\nexcept AttributeError as e:\n    print(e)")
+    code = """
+import sys, reform
+assert 'torch' not in sys.modules, 'torch imported'
+from reform import Pipeline, Context
+assert Pipeline.__name__ == 'Pipeline' and 'torch' in sys.modules
+try:
+    reform.Nope
+except AttributeError as e:
+    print(e)
+"""
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "module 'reform' has no attribute 'Nope'", r.stderr
 
