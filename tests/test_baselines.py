@@ -263,7 +263,7 @@ def test_passage_token_scores_cover_every_context_token():
 
 def test_reform_rag_weight_zero_selects_what_reform_selects(tokenizer):
     opts = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=200)
-    reform = Pipeline(tiny(), TextTokenizer(), **opts)
+    reform = Pipeline(tiny(), TextTokenizer(), run_peaks=0, **opts)      # the hybrid's default: the paper's gather
     hybrid = Pipeline(tiny(), TextTokenizer(), method="reform+rag", weight=0.0, **opts)
     part = reform.templater.question(QUESTION)
     picks = [p.method.select(p.encode(CONTEXT), part, Timer()) for p in (reform, hybrid)]

@@ -101,8 +101,8 @@ def test_gather_variants_keep_the_budget_and_the_ends():
 
 def test_run_peaks_gather_the_best_ordered_run_the_paper_misses_and_nothing_else():
     """REFORM's ``run_peaks``: the window around the best ordered run is gathered where the paper's
-    ranking leaves it out, the rest of the budget is the paper's; where the paper's gather already has the
-    run, the gather is exactly the paper's. On by default; at 0 (the paper's) saved options stay as before."""
+    ranking leaves it (or part of it) out, the rest of the budget is the paper's; where the paper's gather
+    already holds the run's window, the gather is exactly the paper's. On by default; at 0 (the paper's) saved options stay as before."""
     import sys
     from dataclasses import replace
     sys.path.insert(0, "tests")
@@ -128,15 +128,31 @@ def test_run_peaks_gather_the_best_ordered_run_the_paper_misses_and_nothing_else
         window = set(range(peak - RUN_BEFORE, peak + RUN_AFTER + 1))
         assert window <= set(kept.tolist()) and not window & set(paper.tolist())
         assert set(paper.tolist()) - set(kept.tolist()) == set(paper[-len(window) - 8:-8].tolist())  # its weakest
-    # through the pipeline: where the paper's gather (run_peaks=0) has the best run, run_peaks changes nothing
-    pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
-                    recompute_budget=200, gather_keep=8, pool_window=9, run_peaks=0)
-    ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 8 + "VAR KWY = VAR QXZ. The sky is blue. " * 8)
-    part = pipe.templater.question("Which variables hold 4711?")
-    runs = ordered_run_scores(ctx.state.data, ctx.method.query_embeddings(ctx, part), PEAK_RUN)
-    paper = ctx.method.select(ctx, part, Timer())
-    assert int(runs.argmax()) in paper.tolist()
-    assert torch.equal(type(ctx.method)(replace(ctx.method.config, run_peaks=1)).select(ctx, part, Timer()), paper)
+    # a run in the always-kept start whose window runs on past it (a key kept, its value cut off): the
+    # paper holds its best token but not its window, so the window is gathered
+    pooled = torch.linspace(0.0, 1.0, 1000)                   # now the paper ranks the late tokens first
+    paper, runs = gather_indices(pooled, 300, 8, 8), torch.zeros(1000)
+    runs[3:3 + PEAK_RUN] = 1.0
+    lifted = pooled.clone()
+    raise_run_windows(lifted, runs, c, 1, only_missed=True)
+    kept = set(gather_indices(lifted, 300, 8, 8).tolist())
+    assert 3 in set(paper.tolist()) and 40 not in set(paper.tolist())
+    assert set(range(0, 3 + RUN_AFTER + 1)) <= kept
+    # through the pipeline: where the paper's gather (run_peaks=0) holds the best run's window, run_peaks
+    # changes nothing; where a 9-token pool leaves part of it out, run_peaks gathers all of it
+    text = "VAR QXZ = 4711. The grass is green. " * 8 + "VAR KWY = VAR QXZ. The sky is blue. " * 8
+    for pool, budget, held in ((129, 300, True), (9, 200, False)):
+        pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
+                        recompute_budget=budget, gather_keep=8, pool_window=pool, run_peaks=0)
+        ctx = pipe.encode(text)
+        part = pipe.templater.question("Which variables hold 4711?")
+        runs = ordered_run_scores(ctx.state.data, ctx.method.query_embeddings(ctx, part), PEAK_RUN)
+        paper = ctx.method.select(ctx, part, Timer())
+        best = int(runs.argmax())
+        window = set(range(max(0, best - RUN_BEFORE), best + RUN_AFTER + 1))
+        peaks = type(ctx.method)(replace(ctx.method.config, run_peaks=1)).select(ctx, part, Timer())
+        assert (window <= set(paper.tolist())) == held and window <= set(peaks.tolist())
+        assert torch.equal(peaks, paper) == held
     assert "run_peaks" not in options_json(ctx.method.config)             # the paper's: saved as before
     assert options_json(replace(ctx.method.config, run_peaks=1))["run_peaks"] == 1
     assert Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0").method.config.run_peaks == 1  # the default

@@ -91,18 +91,19 @@ def raise_run_windows(pooled: torch.Tensor, runs: torch.Tensor, c: "ReformConfig
     """Lift the windows around the ``peaks`` best distinct ordered runs (``RUN_BEFORE`` tokens before a run's
     best token, ``RUN_AFTER`` after it; the always-kept ends aside) above every other score, in place, in
     ``window_order``;
-    ``only_missed``: of the best runs anywhere, only those whose best token the paper's gather of
-    ``pooled`` leaves out."""
+    ``only_missed``: of the best runs anywhere, only those whose window the paper's gather of ``pooled``
+    does not hold whole (a key kept as part of the always-kept start, its value cut off after it, counts
+    as missed)."""
     n = pooled.shape[0]
     ends = forced_mask(n, c.gather_keep, c.gather_keep, pooled.device)
-    missed = torch.ones(n, dtype=torch.bool, device=pooled.device)
+    held = torch.zeros(n, dtype=torch.bool, device=pooled.device)
     if only_missed:     # the best runs anywhere, the ends included: one already gathered needs no window
-        missed[gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)] = False
+        held[gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)] = True
         ends = torch.zeros_like(ends)
     lifted = float(pooled.max()) + 1.0 + window_order()
     for p in distinct_peaks(runs, c.pool_window, peaks, ends):
-        if missed[p]:
-            lo, hi = max(0, p - RUN_BEFORE), min(n, p + RUN_AFTER + 1)
+        lo, hi = max(0, p - RUN_BEFORE), min(n, p + RUN_AFTER + 1)
+        if not held[lo:hi].all():
             part = lifted[lo - (p - RUN_BEFORE):hi - (p - RUN_BEFORE)].to(pooled)
             pooled[lo:hi] = torch.maximum(pooled[lo:hi], part)
 
