@@ -8,9 +8,9 @@ token. Two kinds of needle defeat that:
   match anywhere. What singles the asked key out is its pieces *in order*. ``aligned``: a context token
   scores by ``ordered_run_scores`` (the mean over a run of consecutive context tokens against as many
   consecutive question tokens), alone or added to the paper's score (REFORM's ``match_run`` option).
-  ``runpeaks``: the paper's gather, with the windows around the best distinct ordered runs it leaves out
-  taken first, so the paper's ranking still fills most of the budget, all of it where the best run is
-  already gathered (REFORM's ``run_peaks`` option); ``forcedpeaks``: those windows taken first whether or
+  ``runpeaks``: the paper's gather, with the windows around the best distinct ordered runs it does not hold
+  whole taken first, so the paper's ranking still fills most of the budget, all of it where the best run's
+  window is already gathered (REFORM's ``run_peaks`` option); ``forcedpeaks``: those windows taken first whether or
   not the paper's gather has them.
 - **chains** (RULER's variable tracking: ``VAR A = 12345`` ... ``VAR B = VAR A``): the question names only
   the value, so only the first hop resembles it. ``rounds2``: a second round asks with the rare tokens

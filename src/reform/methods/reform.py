@@ -181,9 +181,9 @@ class ReformConfig:
     # has (RULER's UUID keys) match only in order (docs/evaluation.md, "Retrieval at 64k and 128k").
     match_run: int = field(default=0, metadata=added_later(0))
     # > 0: of the best distinct ordered runs (``PEAK_RUN`` tokens in the question's order) this many are
-    # looked at, and the window around each whose best token the paper's gather leaves out is gathered
+    # looked at, and the window around each that the paper's gather does not hold whole is gathered
     # first; the paper's ranking fills the rest. Not in the paper; where ``match_run`` re-ranks every token,
-    # this gathers exactly what the paper does whenever the best run is already in it. On by default since
+    # this gathers exactly what the paper does whenever the best run's window is already in it. On by default since
     # it raised recall at 32k-128k and changed no row the paper's gather covered (docs/evaluation.md,
     # "run_peaks"); 0 is the paper's gather, and what files saved before the option existed stand for.
     run_peaks: int = field(default=1, metadata=added_later(0))
