@@ -122,6 +122,18 @@ def test_reform_encode_resumes_after_ctrl_c(tiny_model_dir, tmp_path, monkeypatc
     r = runner.invoke(app, ["ask", "--context", str(out) + ".partial", "-q", "What?"])
     assert r.exit_code == 2 and "is an unfinished encode (320 of" in r.stderr, r.output
     monkeypatch.setattr(module.Checkpoint, "chunk_done", original)
+    from reform.methods.base import Context
+    save = Context.save
+
+    def disk_full(self, path, **kw):         # the finished context cannot be written: the checkpoint stays
+        if kw.get("partial") is None:
+            raise ContextFileError(f"cannot write {path}: No space left on device")
+        return save(self, path, **kw)
+    monkeypatch.setattr(Context, "save", disk_full)
+    r = runner.invoke(app, [*args, "-o", str(out)])
+    assert r.exit_code == 2 and "No space left on device" in r.stderr, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.reform.partial", "doc.txt", "once.reform"]
+    monkeypatch.setattr(Context, "save", save)
     r = runner.invoke(app, [*args, "-o", str(out)])
     assert r.exit_code == 0 and f"going on from {out}.partial (320 tokens" in r.stderr, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.reform", "doc.txt", "once.reform"]

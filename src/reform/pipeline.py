@@ -255,7 +255,7 @@ class Pipeline:
             ctx = self.method.encode(self, ids, progress, **resuming)
         ctx.image_rows = rows
         ctx.encode_seconds = time.perf_counter() - t + (checkpoint.spent_before if checkpoint is not None else 0.0)
-        if checkpoint is not None:
+        if checkpoint is not None and not checkpoint.keep_when_done:
             checkpoint.discard()
         return ctx
 

@@ -68,6 +68,8 @@ def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_m
         t = time.perf_counter()
         size = ctx.save(output)
         save_s = time.perf_counter() - t
+        if checkpoint is not None:       # only now: a failed save leaves the checkpoint to go on from
+            checkpoint.discard()
     except ContextFileError as e:
         fail(CliError(str(e)))
     except CliError as e:
@@ -116,7 +118,8 @@ def checkpoint_for(pipe, output: Path, minutes: float | None):
         if isinstance(done, int):
             say("[yellow]note:[/]", f"going on from {partial} ({done:,} tokens were encoded before)")
             kept(done, manifest.get("tokens", 0))
-    return Checkpoint(partial, every_s=60 * (5.0 if minutes is None else minutes), on_saved=kept)
+    return Checkpoint(partial, every_s=60 * (5.0 if minutes is None else minutes), on_saved=kept,
+                      keep_when_done=True)
 
 
 def encode_corpus(source: str, store: str, load: dict, ray: bool, address: str | None, workers: int | None,

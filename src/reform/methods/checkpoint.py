@@ -28,11 +28,14 @@ if TYPE_CHECKING:
 @dataclass
 class Checkpoint:
     """Where an encode keeps its state (``path``) and how often (``every_s`` seconds of encoding; 0:
-    after every chunk). ``on_saved(tokens done, tokens in all)`` is told after each save."""
+    after every chunk). ``on_saved(tokens done, tokens in all)`` is told after each save. The file is
+    removed when the encode is done, or, with ``keep_when_done``, when the caller says so (``discard``,
+    e.g. once the finished context is saved: a failed save then loses nothing)."""
 
     path: Path
     every_s: float = 300.0
     on_saved: Callable[[int, int], None] | None = None
+    keep_when_done: bool = False
     spent_before: float = field(default=0.0, init=False)    # encode seconds of the runs before this one
     # the input's image rows (``Pipeline.encode_tokens``), saved with the state: same ids with other
     # pictures are another input
