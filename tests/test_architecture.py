@@ -21,7 +21,7 @@ LAYERS = [
     {"cluster"},
     {"eval"},
     {"bench"},
-    {"cli"},
+    {"cli", "__main__"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
