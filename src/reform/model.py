@@ -209,6 +209,8 @@ def load_model(model: str | None = None, *, device: str | None = None, dtype: st
     processor = None
     try:
         tok = AutoTokenizer.from_pretrained(source, **extra)
+        if "gguf_file" in extra:                  # read directly (the conversion cache is off): check it here
+            check_gguf_tokenizer(tok, Path(source) / extra["gguf_file"])
         loader = AutoModelForCausalLM
         if "gguf_file" not in extra and _has_vision(source):   # a vision-language model: images through its processor
             from transformers import AutoModelForImageTextToText
@@ -291,13 +293,15 @@ def converted_gguf(path: Path, model: str | None) -> tuple[str, dict]:
     if root is None:
         return direct
     st = path.stat()
-    tag = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    # "tokenizer-checked": folders converted before the tokenizer check (below) are made again once
+    tag = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|tokenizer-checked".encode()).hexdigest()[:16]
     target = root / "gguf" / f"{path.stem}-{tag}"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return str(target), {}
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        check_gguf_tokenizer(tok, path)
         m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         tmp.mkdir(parents=True, exist_ok=True)
         tok.save_pretrained(tmp)
@@ -318,6 +322,50 @@ def converted_gguf(path: Path, model: str | None) -> tuple[str, dict]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"could not load model '{model or DEFAULT_MODEL}': {first}") from None
     return str(target), {}
+
+
+@functools.lru_cache(maxsize=8)
+def gguf_tokenizer_facts(path: str, size: int, mtime_ns: int) -> tuple[bool, int | None, tuple[tuple[int, str], ...]]:
+    """What a GGUF file says of its tokenizer: whether inputs start with its BOS token, that token's id, and up
+    to 64 whole-word tokens of its vocabulary (letters after the word-start mark, among the 5,000 first ids,
+    the most frequent words) with their ids. Reading the metadata of a 262k-token vocabulary takes ~13 s on
+    a 2-core Zen 3, so it is read once per file and process."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+
+    def value(key):
+        field = fields.get(key)
+        return None if field is None else field.contents()
+
+    tokens = value("tokenizer.ggml.tokens") or []
+    words = tuple((i, w[1:]) for i, w in enumerate(tokens[:5000])
+                  if len(w) >= 6 and w[0] in "\u2581\u0120" and w[1:].isascii() and w[1:].isalpha())[:64]
+    return bool(value("tokenizer.ggml.add_bos_token")), value("tokenizer.ggml.bos_token_id"), words
+
+
+def check_gguf_tokenizer(tok, path: Path) -> None:
+    """Refuse a tokenizer that transformers read wrongly from a GGUF file (docs/models.md, "GGUF tokenizers").
+    transformers builds the tokenizer from the file's vocabulary itself, and some versions get it wrong for
+    some files while the model loads fine: 5.17 splits Gemma 3's words into pieces, 5.18-5.22 drop the BOS
+    token it asks for. The model then reads every input wrongly (on a 128k needle the gather still finds
+    the needle; the answers are digit noise). Two checks against the file: inputs start with its BOS token
+    where it asks for one, and at least 90 % of its frequent whole-word tokens come out as themselves."""
+    import transformers
+
+    st = path.stat()
+    add_bos, bos_id, words = gguf_tokenizer_facts(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    faults = []
+    if add_bos and bos_id is not None and tok("x")["input_ids"][:1] != [bos_id]:
+        faults.append(f"inputs do not start with the BOS token (id {bos_id}) that the file asks for")
+    if len(words) >= 16:
+        split = sum(tok(" " + w, add_special_tokens=False)["input_ids"] != [i] for i, w in words)
+        if split > 0.1 * len(words):
+            faults.append(f"{split} of {len(words)} frequent whole words of its vocabulary come out in pieces")
+    if faults:
+        raise ModelLoadError(f"transformers {transformers.__version__} reads the tokenizer of {path.name} wrongly "
+                             f"({'; '.join(faults)}), so the model would misread every input: upgrade "
+                             "transformers (5.23 or later reads Gemma 3's correctly)")
 
 
 def release_freed_memory() -> None:
