@@ -85,3 +85,31 @@ def test_paper_shapes_and_comparison():
     assert g.estimated_seconds(rows, "reform", 4 * 262144) == pytest.approx(80.0)
     assert g.estimated_seconds(rows, "infllm", 262144) == pytest.approx(20.0 * 129.14 / 27.24)
     assert g.estimated_seconds([], "infllm", 262144) is None
+
+
+def test_gpu_carry_splits_files_into_calls_and_unpacks_them_whole(tmp_path):
+    """scripts/gpu_carry.sh: files from two folders travel as parts in git-ignored .carryK folders of the
+    repository it runs in, and the last folder's unpack.sh checks, joins and untars them byte for byte."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    script = repo / "scripts" / "gpu_carry.sh"
+    script.write_bytes((Path(__file__).parents[1] / "scripts" / "gpu_carry.sh").read_bytes())
+    files = {tmp_path / "a" / "model.gguf": bytes(range(256)) * 4000, tmp_path / "b" / "notes.txt": b"x\n" * 10}
+    for path, data in files.items():
+        path.parent.mkdir()
+        path.write_bytes(data)
+    out = subprocess.run(["bash", str(script), *map(str, files)], cwd=repo, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("1 calls of up to ")
+    assert "/.carry1/" in (repo / ".git" / "info" / "exclude").read_text().split()
+    assert subprocess.run(["git", "status", "--porcelain", "--", ".carry1"], cwd=repo, capture_output=True,
+                          text=True).stdout == ""           # ignored: it travels only when a call carries it
+    dest = tmp_path / "dest"
+    subprocess.run(["bash", str(repo / ".carry1" / "unpack.sh"), str(dest)], check=True, capture_output=True)
+    for path, data in files.items():
+        assert (dest / path.name).read_bytes() == data
+    assert not list(dest.glob("part*"))
+    missing = subprocess.run(["bash", str(script), str(tmp_path / "absent.gguf")], cwd=repo, capture_output=True,
+                             text=True)
+    assert missing.returncode == 2 and missing.stderr.strip() == f"no such file: {tmp_path / 'absent.gguf'}"
