@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,7 +120,6 @@ GEMMA_SCRIPT = ROOT / "scripts" / "gpu_gemma_bf16.sh"
 
 
 def gemma_script(out: Path, **env: str) -> subprocess.CompletedProcess:
-    import os
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src"), **env}
     return subprocess.run(["bash", str(GEMMA_SCRIPT), "gemma-3-270m", str(out)], capture_output=True, text=True,
                           env=env, timeout=900, cwd=ROOT)
