@@ -244,7 +244,8 @@ def cli(*args, env=None, input=None, timeout=120):
 def test_json_answer_leaves_stderr_empty(tiny_model_dir, doc):
     r = cli("ask", doc, "-q", "What?", "--json", "--model", tiny_model_dir, *TINY_HEADS, "--max-new-tokens", "4")
     assert r.returncode == 0 and r.stderr == "", r.stderr          # no "Loading weights" bars when piped
-    assert json.loads(r.stdout)["method"] == "reform"
+    answer = json.loads(r.stdout)
+    assert answer["method"] == "reform" and answer["device"] == "cpu" and answer["dtype"] in ("fp32", "bf16")
 
 
 def test_unreachable_hub_is_said_at_once(doc):

@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ..pipeline import DTYPE_FLAGS
 from .common import (CliError, DeviceOpt, DtypeOpt, HeadsOpt, LoadArgs, MethodOpt, ModelOpt, SeedOpt, StopOpt,
                      TemperatureOpt, TopPOpt, app, build_pipeline, check_sampling, err, fail, load_saved_context,
                      out, pipeline_from, read_inputs, run_question, with_load_options)
@@ -51,10 +52,12 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
             answer = run_question(pipe, content, question, answer_prefix, max_new_tokens, as_json, sampling=sampling)
     except CliError as e:
         fail(e)
+    # where it ran: the default dtype depends on the hardware (bf16 on bf16 CPUs and GPUs, else fp32)
+    ran_on = {"device": str(pipe.engine.device), "dtype": DTYPE_FLAGS[str(pipe.engine.dtype).removeprefix("torch.")]}
     if as_json:
-        print(json.dumps(answer.to_json()))
+        print(json.dumps({**answer.to_json(), **ran_on}))
     else:
-        err.print(f"[dim]{answer.method}: {answer.input_tokens} input tokens · "
+        err.print(f"[dim]{answer.method} ({ran_on['dtype']} on {ran_on['device']}): {answer.input_tokens} input tokens · "
                   + " · ".join(f"{k} {v}" for k, v in answer.stats.items()) + "[/]")
 
 
