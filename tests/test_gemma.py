@@ -29,8 +29,9 @@ def test_named_model_loads_in_bf16_and_the_check_judges_it_against_fp32(bf16):
     assert bf16.model_name == "google/gemma-3-270m" and bf16.source == "gemma-3-270m"
     assert bf16.engine.shape.window == 32768
     assert {p.dtype for p in bf16.engine.model.parameters()} == {torch.bfloat16}   # put back after the fp32 pass
-    # measured: the engine 0.033 from fp32 (relative RMS), transformers' own bf16 forward 0.036
-    assert bf16.engine.check_distance < 1.5 * 0.036 + 2e-3
+    # relative RMS from fp32, engine / transformers' own bf16 forward: 0.033 / 0.036 on a Zen 3 (no native
+    # bf16), 0.032 / 0.030 on a Zen 5 (AVX512-BF16); held to this machine's transformers, as in test_smollm2
+    assert bf16.engine.check_reference < 0.05 and bf16.engine.check_distance < 1.35 * bf16.engine.check_reference
 
 
 def test_a_broken_layer_is_still_refused_in_bf16(bf16, monkeypatch):
@@ -41,7 +42,7 @@ def test_a_broken_layer_is_still_refused_in_bf16(bf16, monkeypatch):
         return attend(self, i, q, k, v, (scaling or self.scaling) * (2.0 if i == 5 else 1.0), *rest)
 
     monkeypatch.setattr(core.Engine, "_attend", broken)
-    with pytest.raises(UnsupportedModelError, match="differ from the model's own forward .*from the fp32 forward"):
+    with pytest.raises(UnsupportedModelError, match="differ from the model's own forward with the same weights in fp32"):
         core.Engine(bf16.engine.model)
 
 

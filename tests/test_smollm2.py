@@ -79,17 +79,19 @@ def test_cli_encode_then_ask_context_equals_ask_file(tmp_path):
 
 def test_bf16_is_judged_against_fp32_and_a_broken_layer_is_refused(monkeypatch):
     """The load check in bf16 compares both the engine and transformers' own bf16 forward with the fp32
-    forward of the same weights: the engine is accepted (measured 0.022 against transformers' 0.019,
-    relative RMS), one layer's attention logits scaled by 2 are not (0.040)."""
+    forward of the same weights: the engine is accepted, one layer's attention logits scaled by 2 are not
+    (0.040 on a Zen 3). Both bf16 errors depend on the CPU's kernels (relative RMS, engine against
+    transformers: 0.022 / 0.019 on a Zen 3 without native bf16, 0.033 / 0.027 on a Zen 5 with AVX512-BF16),
+    so the engine is held to this machine's transformers, tighter than the load check's 1.5x + 2e-3."""
     from reform.engine import core
     pipe16 = Pipeline.load(dtype="bf16")
     assert {p.dtype for p in pipe16.engine.model.parameters()} == {torch.bfloat16}
-    assert pipe16.engine.check_distance < 1.5 * 0.019 + 2e-3
+    assert pipe16.engine.check_reference < 0.05 and pipe16.engine.check_distance < 1.35 * pipe16.engine.check_reference
     attend = core.Engine._attend
 
     def broken(self, i, q, k, v, scaling, *rest):
         return attend(self, i, q, k, v, (scaling or self.scaling) * (2.0 if i == 5 else 1.0), *rest)
 
     monkeypatch.setattr(core.Engine, "_attend", broken)
-    with pytest.raises(core.UnsupportedModelError, match="from the fp32 forward"):
+    with pytest.raises(core.UnsupportedModelError, match="with the same weights in fp32"):
         core.Engine(pipe16.engine.model)

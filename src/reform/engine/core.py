@@ -312,6 +312,7 @@ class Engine:
                                "cache")   # what the model's decoder layers call their cache argument
         self._call: _Call | None = None
         self.check_distance: float | None = None   # the load check's relative logit difference, once run
+        self.check_reference: float | None = None  # half precision: transformers' own forward's distance from fp32
         _register_attention()
         if check:
             self._check_against_model()
@@ -464,43 +465,51 @@ class Engine:
         In fp32 "equal" means within 1e-4 of the largest logit. In half precision both sides carry
         rounding noise of their own, so both are judged against the truth, the same weights' forward in
         fp32: the engine's logits must land no further from it (relative RMS) than transformers' own
-        half-precision forward does, up to ``HALF_MARGIN`` times that plus ``HALF_SLACK``."""
+        half-precision forward does, up to ``HALF_MARGIN`` times that plus ``HALF_SLACK``; and the engine
+        run on the same weights in fp32 must equal it within 1e-4, which catches a wrong layer that half
+        precision's rounding noise would hide."""
         g = torch.Generator().manual_seed(0)
         vocab = self.lm_head.weight.shape[0]
         ids = torch.randint(0, vocab, (n,), generator=g).to(self.device)
         try:
             with torch.inference_mode():
                 ref = self.model(ids[None]).logits[0].float()
-                ours = self.logits(self.forward(ids, KVCache.empty(self.shape.n_layers)))
-                cache = KVCache.empty(self.shape.n_layers)
-                first = self.logits(self.forward(ids[:n // 2], cache))
-                for lc in cache.layers:
-                    lc.keep(torch.arange(lc.length, device=self.device).expand(lc.keys.shape[0], -1), self.rotary)
-                chunked = torch.cat([first, self.logits(self.forward(ids[n // 2:], cache))])
+            ours, chunked = self._engine_logits(ids)
         except UnsupportedModelError as e:
             raise UnsupportedModelError(f"model type '{self.name}': {e}") from None
         except Exception as e:  # a layer the engine cannot drive: refuse, never half-run
             raise self._cannot_drive(e) from None
-        self.flops.reset()
-        if any(lc.length == 0 for lc in cache.layers):
-            raise UnsupportedModelError(f"model type '{self.name}': its attention does not go through "
-                                        "transformers' attention interface and cache, which the engine drives")
         if self.dtype == torch.float32:
             self.check_distance = distance = relative_distance(ref, ours, chunked)
             tol, judged = 1e-4, f"relative difference {distance:.1e}"
         else:
             try:
-                truth = self._float32_logits(ids)
+                with self._float32_weights_per_layer():
+                    truth = self.model(ids[None]).logits[0].float()
             except Exception:    # weights that have no fp32 form (e.g. quantised layers): the model's own
                 truth = None     # half-precision forward is the reference, within a fixed 3e-2
+            if truth is not None:
+                # the same weights in fp32 through the engine: equal within fp32's 1e-4, so a wrong layer
+                # is caught even where half precision's own rounding noise would hide it
+                try:
+                    with self._float32_weights_per_layer():
+                        exact = relative_distance(truth, *self._engine_logits(ids))
+                except Exception as e:
+                    raise self._cannot_drive(e) from None
+                if not exact <= 1e-4:
+                    raise UnsupportedModelError(
+                        f"model type '{self.name}': the engine's logits differ from the model's own forward "
+                        f"with the same weights in fp32 (relative difference {exact:.1e}, on a {n}-token check), "
+                        "so it computes something this engine does not")
             if truth is None:
                 self.check_distance = distance = relative_distance(ref, ours, chunked)
                 tol, judged = 3e-2, f"relative difference {distance:.1e} from its own forward"
             else:
                 self.check_distance = distance = relative_rms(truth, ours, chunked)
-                tol = HALF_MARGIN * relative_rms(truth, ref) + HALF_SLACK
+                self.check_reference = reference = relative_rms(truth, ref)
+                tol = HALF_MARGIN * reference + HALF_SLACK
                 judged = (f"{distance:.1e} from the fp32 forward (relative RMS), where transformers' own "
-                          f"{str(self.dtype).removeprefix('torch.')} forward is {relative_rms(truth, ref):.1e}")
+                          f"{str(self.dtype).removeprefix('torch.')} forward is {reference:.1e}")
         if not distance <= tol:
             raise UnsupportedModelError(f"model type '{self.name}': the engine's logits differ from the model's "
                                         f"own forward ({judged}, on a {n}-token check), so it computes something "
@@ -512,19 +521,37 @@ class Engine:
                                      f"({type(e).__name__}: {first_line})")
 
     @torch.inference_mode()
-    def _float32_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """The model's own forward on ``ids`` with its weights in fp32, the truth half precision rounds.
-        Only one decoder layer is held in fp32 at a time (the embedding, final norm and head for the
-        whole pass), so this costs one layer's fp32 copy, not the model's; the half-precision weights are
-        put back untouched."""
+    def _engine_logits(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine's logits on ``ids`` in one block, and in two blocks with the cache re-packed in
+        between (pre-RoPE keys rotated afresh); FLOPs of the check are not counted."""
+        n = ids.shape[0]
+        ours = self.logits(self.forward(ids, KVCache.empty(self.shape.n_layers)))
+        cache = KVCache.empty(self.shape.n_layers)
+        first = self.logits(self.forward(ids[:n // 2], cache))
+        for lc in cache.layers:
+            lc.keep(torch.arange(lc.length, device=self.device).expand(lc.keys.shape[0], -1), self.rotary)
+        chunked = torch.cat([first, self.logits(self.forward(ids[n // 2:], cache))])
+        self.flops.reset()
+        if any(lc.length == 0 for lc in cache.layers):
+            raise UnsupportedModelError("its attention does not go through transformers' attention interface "
+                                        "and cache, which the engine drives")
+        return ours, chunked
+
+    @contextmanager
+    def _float32_weights_per_layer(self):
+        """Inside, the model computes in fp32 (the truth half precision rounds), through its own forward
+        or the engine's: each decoder layer is held in fp32 only while it runs (the embedding, final norm
+        and head for the whole block), so this costs one layer's fp32 copy, not the model's; the
+        half-precision weights are put back untouched."""
         in_layers = {id(m) for layer in self.layers for m in layer.modules()}
         held: dict[int, float32_weights] = {}          # the layer in fp32 right now (one at a time)
         hooks = [h for layer in self.layers for h in (
             layer.register_forward_pre_hook(lambda mod, args: held.__setitem__(id(mod), float32_weights([mod]))),
             layer.register_forward_hook(lambda mod, args, out: held.pop(id(mod)).restore()))]
         try:
-            with float32_weights([m for m in self.model.modules() if id(m) not in in_layers], recurse=False):
-                return self.model(ids[None]).logits[0].float()
+            with float32_weights([m for m in self.model.modules() if id(m) not in in_layers], recurse=False), \
+                    torch.inference_mode():
+                yield
         finally:
             for h in hooks:
                 h.remove()
