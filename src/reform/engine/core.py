@@ -488,7 +488,10 @@ class Engine:
                     truth = self.model(ids[None]).logits[0].float()
             except Exception:    # weights that have no fp32 form (e.g. quantised layers): the model's own
                 truth = None     # half-precision forward is the reference, within a fixed 3e-2
-            if truth is not None:
+            if truth is None:
+                self.check_distance = distance = relative_distance(ref, ours, chunked)
+                tol, judged = 3e-2, f"relative difference {distance:.1e} from its own forward"
+            else:
                 # the same weights in fp32 through the engine: equal within fp32's 1e-4, so a wrong layer
                 # is caught even where half precision's own rounding noise would hide it
                 try:
@@ -501,10 +504,6 @@ class Engine:
                         f"model type '{self.name}': the engine's logits differ from the model's own forward "
                         f"with the same weights in fp32 (relative difference {exact:.1e}, on a {n}-token check), "
                         "so it computes something this engine does not")
-            if truth is None:
-                self.check_distance = distance = relative_distance(ref, ours, chunked)
-                tol, judged = 3e-2, f"relative difference {distance:.1e} from its own forward"
-            else:
                 self.check_distance = distance = relative_rms(truth, ours, chunked)
                 self.check_reference = reference = relative_rms(truth, ref)
                 tol = HALF_MARGIN * reference + HALF_SLACK
