@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+RUN_NOTES = sorted((ROOT / "docs" / "results").rglob("README.md"))   # each run's own story, commands and machine
+DOCS = [ROOT / "README.md", *PAGES, *RUN_NOTES]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -49,6 +51,21 @@ def test_the_link_checker_sees_broken_links(tmp_path):
     (tmp_path / "a.md").write_text("# Title here\n[ok](#title-here) [gone](b.md) [no](#nowhere)\n"
                                    "```\n[in code](c.md)\n```\n")
     assert broken_links(tmp_path / "a.md") == ["b.md (no such file)", "#nowhere (no such heading)"]
+
+
+def test_docs_pages_are_references_of_300_lines_at_most():
+    """A page is looked things up in; the story of how a number was found lives in its run's README."""
+    long = {p.name: n for p in PAGES if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
+
+
+def test_every_results_folder_a_page_links_is_there():
+    linked = set()
+    for page in [ROOT / "README.md", *PAGES]:
+        linked |= set(re.findall(r"\(((?:docs/)?results/[^)#\s]+)", prose(page.read_text())))
+    assert linked, "no page links a run"
+    missing = [t for t in linked if not (ROOT / ("" if t.startswith("docs/") else "docs") / t).exists()]
+    assert not missing, missing
 
 
 def test_readme_is_short_and_for_users():
