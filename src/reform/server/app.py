@@ -21,20 +21,9 @@ timeout. A chat whose only message is the question is answered by the model with
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
-import hashlib
-import hmac
 import json
-import logging
-import math
-import os
-import socket
-import threading
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
@@ -42,329 +31,18 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.layout import as_tensor
 from ..engine.sampling import Sampling
-from ..store import ContextFileError
-from .metrics import Metrics
-from .openai_schema import ApiError, ChatRequest, Conversation, context_text, history_question
-from .worker import Cancelled, ContextStatus, QueueFull, Worker
+from .admission import BodyLimit, Guard, Waiting, body_bytes, still_wanted
+from .openai_schema import ApiError, ChatRequest, Conversation
+from .service import ChatJob, Keys, Service, Settings
+from .worker import Cancelled, Worker
 
-
-@dataclass
-class Settings:
-    api_key: str | None = None
-    max_body_bytes: int = 64 << 20          # 413 above this
-    max_context_tokens: int = 2_000_000     # 413 above this
-    request_timeout: float = 900.0          # 504 after this many seconds (encode included)
-    default_max_tokens: int = 512
-    model_id: str | None = None             # the name /v1/models lists (default: the pipeline's model name)
-    allowed_origins: tuple[str, ...] = ()   # CORS: web origins whose pages may call the API ("*": any)
-    max_waiting: int = 256                  # requests waiting in line for a queue place; 503 beyond
-
-
-class Keys:
-    """Content keys of context texts, computed off the model thread and remembered by text digest. Each
-    thread tokenises with its own copy of the tokenizer (one object is not safe to share between threads),
-    so two uploads are tokenised at once rather than one behind the other."""
-
-    PIECE_CHARS = 1 << 18          # tokens are counted this many characters at a time, to stop early
-
-    def __init__(self, pipe):
-        self.pipe = pipe
-        self.local = threading.local()
-        self.lock = threading.Lock()              # guards ``memo`` only
-        self.memo: dict[str, tuple[str, int]] = {}
-
-    @property
-    def templater(self):
-        if not hasattr(self.local, "templater"):
-            templater = copy.copy(self.pipe.templater)
-            templater.tok = copy.deepcopy(self.pipe.tokenizer)
-            self.local.templater = templater
-        return self.local.templater
-
-    def of(self, text: str, limit: int | None = None) -> tuple[str, int]:
-        """``(key, tokens)`` of the context ``text`` would encode to; past ``limit`` tokens, ``(None, n)``
-        with n > limit as soon as the count passes it (a 50 MB text is not tokenised whole to refuse it)."""
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        with self.lock:
-            if digest in self.memo:
-                return self.memo[digest]
-        if limit is not None and (n := self.count_up_to(text, limit)) > limit:
-            return None, n
-        ids = self.templater.context(text)
-        found = (self.pipe.context_key(as_tensor(ids, "cpu")), len(ids))
-        with self.lock:
-            self.memo[digest] = found
-        return found
-
-    def count_up_to(self, text: str, limit: int) -> int:
-        """Tokens of ``text``, counted piece by piece (cut at whitespace), stopping once past ``limit``."""
-        n, start = 0, 0
-        while start < len(text) and n <= limit:
-            end = min(len(text), start + self.PIECE_CHARS)
-            if end < len(text):
-                end = max(text.rfind(" ", start, end), text.rfind("\n", start, end)) + 1 or end
-            n += len(self.templater.encode(text[start:end]))
-            start = end
-        return n
-
-    def tokens(self, text: str) -> int:
-        return len(self.templater.encode(text))
-
-
-class Service:
-    """What the HTTP handlers share for one served ``Worker``: the settings, the names it answers to, the
-    content keys of texts, and the waiting on jobs. State changes are the worker's own methods."""
-
-    def __init__(self, worker: Worker, settings: Settings):
-        self.worker, self.settings, self.pipe = worker, settings, worker.pipe
-        self.model_id = settings.model_id or self.pipe.model_name
-        self.keys = Keys(self.pipe)
-        self.served_names = (self.model_id, self.pipe.model_name, self.pipe.source, "reform")  # a request's "model"
-        self.history_limit = self.pipe.engine.shape.window // 8   # tokens of later turns riding with a question
-        self.name = f"{socket.gethostname()}/{os.getpid()}"
-        self.line = Line(settings.max_waiting)
-        self.metrics = Metrics(worker, self.line)
-        self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
-                           "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
-
-    def check_model(self, name: str) -> None:
-        if name not in self.served_names:
-            raise ApiError(404, f"model '{name}' is not served here; this server serves '{self.model_id}'",
-                           param="model", code="model_not_found")
-
-    async def key_of(self, text: str) -> tuple[str, int]:
-        """``(content key, tokens)`` of a context text; 413 past the token limit."""
-        key, n = await run_in_threadpool(self.keys.of, text, self.settings.max_context_tokens)
-        if key is None or n > self.settings.max_context_tokens:
-            raise ApiError(413, f"the context has {'at least ' if key is None else ''}{n} tokens, over this "
-                                f"server's limit of {self.settings.max_context_tokens}", code="context_too_large")
-        return key, n
-
-    def encoding_elsewhere(self, key: str) -> bool:
-        """Another process sharing the store (a replica) has ``key`` queued or encoding."""
-        s = self.worker.elsewhere(key)
-        return s is not None and s.status in ("queued", "encoding")
-
-    async def stored_elsewhere(self, key: str) -> bool:
-        """Wait while another replica encodes ``key``; True once it is stored."""
-        deadline = time.monotonic() + self.settings.request_timeout
-        while self.encoding_elsewhere(key):
-            if time.monotonic() > deadline:
-                raise ApiError(504, f"context {key} is still being encoded by another replica", code="timeout")
-            await asyncio.sleep(0.5)
-            if self.worker.store.has(key):
-                return True
-        return self.worker.store.has(key)
-
-    def busy(self) -> ApiError:
-        # when a place is likely free: the queue's expected wait, plus the line's share of jobs before it
-        line_wait = len(self.line) * self.worker.job_seconds
-        wait = min(600, max(1, math.ceil(self.worker.expected_wait() + line_wait)))
-        return ApiError(503, f"the server is busy: too many requests are waiting; retry in about {wait} s",
-                        type="server_error", code="queue_full", headers={"Retry-After": str(wait)})
-
-    async def enqueue(self, put, still_wanted):
-        """``put()``'s result once the worker's queue takes it (``put`` raises ``QueueFull`` while the queue is
-        full): a request that finds it full waits in ``line`` for a place instead of being refused, and 503
-        (``busy``) comes only when the line is full too."""
-        try:
-            return await self.line.join(put, still_wanted)
-        except QueueFull:
-            raise self.busy() from None
-
-    def status_of(self, key: str) -> ContextStatus:
-        s = self.worker.describe(key)
-        if s is None:
-            raise ApiError(404, f"context {key} not found", code="context_not_found")
-        return s
-
-    async def plan(self, conv: Conversation, context_id: str | None) -> tuple[str | None, str | None, str]:
-        """``(context key, context text (None for an uploaded context_id), question)``: the longest stored
-        prefix of the earlier messages whose later turns fit beside the question, else all earlier messages
-        (encoded once); no earlier messages: ``(None, None, question)``, asked without a context."""
-        earlier, worker = conv.earlier, self.worker
-        if context_id is not None:
-            if not worker.store.valid_key(context_id) or not (worker.has(context_id)
-                                                                or await self.stored_elsewhere(context_id)):
-                raise ApiError(404, f"context {context_id} not found", param="context_id", code="context_not_found")
-            return context_id, None, await self.fit_history(earlier, conv.question)
-        if not earlier:         # a question alone (a chat UI's first message): the model answers it
-            return None, None, conv.question
-        for j in range(len(earlier), 0, -1):
-            later = earlier[j:]
-            if later and await run_in_threadpool(self.keys.tokens, context_text(later)) > self.history_limit:
-                break
-            text = context_text(earlier[:j])
-            key, _ = await self.key_of(text)
-            if worker.has(key):    # the text still goes along: a damaged or evicted file is encoded again
-                return key, text, history_question(later, conv.question)
-        text = context_text(earlier)
-        key, _ = await self.key_of(text)
-        return key, text, conv.question
-
-    async def check_images(self, parts: list, context_id: str | None) -> None:
-        """400 for images this server cannot take: a text-only model or method, an uploaded context beside
-        them, bytes that are no image; a 413 for a conversation whose text alone is over the token limit."""
-        from ..documents import DocumentError, read_image
-        if context_id is not None:
-            raise ApiError(400, "images cannot be sent with a context_id; send the document in the messages",
-                           param="context_id")
-        try:
-            self.pipe.check_takes_images()
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        for part in parts:
-            if isinstance(part, bytes):
-                try:
-                    await run_in_threadpool(read_image, part)
-                except DocumentError as e:
-                    raise ApiError(400, str(e), param="messages") from None
-        n = await run_in_threadpool(self.keys.tokens, "".join(p for p in parts if isinstance(p, str)))
-        if n > self.settings.max_context_tokens:
-            raise ApiError(413, f"the context has {n} text tokens, over this server's limit of "
-                                f"{self.settings.max_context_tokens}", code="context_too_large")
-
-    async def fit_history(self, turns, question: str) -> str:
-        if turns and await run_in_threadpool(self.keys.tokens, context_text(turns)) > self.history_limit:
-            raise ApiError(400, f"the messages besides an uploaded context_id are over {self.history_limit} tokens; "
-                                "upload them as part of the context", param="messages")
-        return history_question(turns, question)
-
-
-# ---------------------------------------------------------------------- jobs as HTTP outcomes
-def failure(e: BaseException) -> ApiError:
-    """A job's exception as the HTTP error it deserves."""
-    if isinstance(e, ApiError):
-        return e
-    if isinstance(e, KeyError):
-        return ApiError(404, f"context {e.args[0]} not found (deleted, or removed by the store's size budget)",
-                        param="context_id", code="context_not_found")
-    if isinstance(e, ContextFileError):
-        return ApiError(500, f"stored context is unreadable: {e}; upload the text again", type="server_error",
-                        code="context_unreadable")
-    if isinstance(e, (ValueError, TypeError)):     # our one-line refusals of bad input
-        return ApiError(400, str(e).splitlines()[0] if str(e) else "bad request")
-    return ApiError(500, f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                    type="server_error")
-
-
-def outcome(job):
-    if (e := job.future.exception()) is not None:
-        raise failure(e)
-    return job.future.result()
-
-
-async def still_wanted(request: Request, deadline: float, timeout: float) -> None:
-    """Raise ``Cancelled`` once the client has left, a 504 once the request is past its deadline."""
-    if await request.is_disconnected():
-        raise Cancelled()
-    if asyncio.get_running_loop().time() > deadline:
-        raise ApiError(504, f"the request took longer than {timeout:.0f} s", type="server_error", code="timeout")
-
-
-class Line:
-    """Requests that found the worker's queue full, each waiting for a place in arrival order: only the
-    first in line may take a freed place, so no later request (or a client retrying at a lucky moment)
-    overtakes one that waits, and every client is served first come, first served. ``size`` requests
-    at most wait; one more is refused (``QueueFull``)."""
-
-    POLL_S = 0.05        # how often the first in line looks for a place (the queue frees them on another thread)
-
-    def __init__(self, size: int):
-        self.size, self.waiting = size, deque()
-
-    def __len__(self) -> int:
-        return len(self.waiting)
-
-    async def join(self, put, still_wanted):
-        """``put()``'s result, at once when nobody waits and the queue has room, else when this request's
-        turn comes; ``still_wanted()`` raises to leave the line (the client left, the deadline passed)."""
-        if not self.waiting:
-            try:
-                return put()
-            except QueueFull:
-                pass
-        if len(self.waiting) >= self.size:
-            raise QueueFull()
-        turn = asyncio.Event()
-        self.waiting.append(turn)
-        try:
-            while True:
-                if self.waiting[0] is turn:
-                    try:
-                        return put()
-                    except QueueFull:
-                        await asyncio.sleep(self.POLL_S)
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(turn.wait(), 0.5)
-                await still_wanted()
-        finally:
-            first = self.waiting[0] is turn
-            self.waiting.remove(turn)
-            if first and self.waiting:
-                self.waiting[0].set()
-
-
-class Waiting:
-    """One request waiting on its job: cancels the job once the client has left or the time is up."""
-
-    def __init__(self, job, request: Request, deadline: float, timeout: float):
-        self.job, self.request, self.deadline, self.timeout = job, request, deadline, timeout
-
-    async def still_wanted(self) -> None:
-        try:
-            await still_wanted(self.request, self.deadline, self.timeout)
-        except BaseException:
-            self.job.cancel.set()
-            raise
-
-    async def result(self):
-        """The job's result."""
-        while not (await asyncio.wait({self.job.future}, timeout=0.25))[0]:
-            await self.still_wanted()
-        return outcome(self.job)
-
-    async def next_event(self, within: float | None = None):
-        """``("text", piece)`` or ``("done", result)`` from a streaming job; errors raise. ``within``
-        seconds passed without one: None."""
-        job, until = self.job, None if within is None else asyncio.get_running_loop().time() + within
-        while True:
-            if until is not None and asyncio.get_running_loop().time() > until:
-                return None
-            if not job.events.empty():
-                return job.events.get_nowait()
-            if job.future.done():
-                return "done", outcome(job)
-            getter = asyncio.ensure_future(job.events.get())
-            done, _ = await asyncio.wait({getter, job.future}, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                return getter.result()
-            getter.cancel()
-            await self.still_wanted()
+__all__ = ["Keys", "Service", "Settings", "create_app"]
 
 
 # ---------------------------------------------------------------------- request bodies
-async def body_bytes(request: Request, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it passes ``limit`` bytes."""
-    pieces, size = [], 0
-    async for piece in request.stream():
-        pieces.append(piece)
-        size += len(piece)
-        if size > limit:
-            raise too_large(limit)
-    return b"".join(pieces)
-
-
-def too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
-
-
 async def upload_text(request: Request, limit: int) -> str:
     """The one document of a ``POST /v1/contexts`` body: JSON ``{"text": ...}``, one multipart ``file`` or
     form field ``text``, or the body itself; UTF-8, not binary, not empty."""
@@ -495,7 +173,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def chat(request: Request):
     service = service_of(request)
-    settings, worker = service.settings, service.worker
+    settings = service.settings
     deadline = asyncio.get_running_loop().time() + settings.request_timeout   # reading the request counts
     req = await chat_request(request, settings.max_body_bytes)
     req.refuse_unsupported()
@@ -511,54 +189,26 @@ async def chat(request: Request):
     else:
         key, text, question = await service.plan(conv, req.context_id)
     tokens = 0 if text is None else (await service.key_of(text))[1]
-    asked = req.max_new_tokens()     # unset: up to the default, fewer where the window has less room
-
-    def work(job):
-        if conv.parts is not None:
-            ctx, encoded = service.pipe.encode(conv.parts), True
-        else:
-            ctx, encoded = (worker.context(key, text, job) if key is not None
-                            else (service.pipe.without_context(), False))
-        answer = ctx.ask(question, max_new_tokens=asked or settings.default_max_tokens, fit_window=asked is None,
-                         on_text=lambda s: job.emit(("text", s)), **req.sampling())
-        return answer, encoded or started_encode
-
-    started_encode, watched = False, []
-
-    def put():
-        nonlocal started_encode
-        if text is not None and not worker.has(key) and not service.encoding_elsewhere(key):
-            # the encode runs as a job of its own, so that it outlives this request if its client leaves and
-            # another chat (or the same client, retrying) wants the same text (``Worker.upload``)
-            worker.upload(key, text, tokens, for_chat=True)
-            started_encode = True
-        if key is not None and not watched and (encode := worker.watch(key)) is not None:
-            watched.append(encode)
-        # with key: may answer during another's encode (as may a question without a context)
-        return worker.submit(work, stream=req.stream, key=key, no_context=key is None and conv.parts is None)
-
-    def done_waiting() -> None:      # once per request, whichever way it ends
-        while watched:
-            worker.unwatch(watched.pop())
+    chat_job = ChatJob(service, req, conv, key, text, question, tokens)
     completion = Completion(service.model_id, key, service.metrics.streams)
     try:    # errors before the first token (unknown context, question too long) get a real status
-        job = await service.enqueue(put, lambda: still_wanted(request, deadline, settings.request_timeout))
+        job = await service.enqueue(chat_job.put, lambda: still_wanted(request, deadline, settings.request_timeout))
         waiting = Waiting(job, request, deadline, settings.request_timeout)
         if not req.stream:
             try:
                 return completion.whole(*await waiting.result())
             finally:
-                done_waiting()
+                chat_job.done_waiting()
         first = await waiting.next_event(within=FIRST_EVENT_S)
     except Cancelled:
-        done_waiting()
+        chat_job.done_waiting()
         return JSONResponse({}, status_code=499)
     except BaseException:
-        done_waiting()
+        chat_job.done_waiting()
         raise
     include_usage = req.stream_options is not None and bool(req.stream_options.include_usage)
-    return StreamingResponse(completion.events(first, waiting, include_usage, lambda: worker.progress(key),
-                                               done_waiting),
+    return StreamingResponse(completion.events(first, waiting, include_usage, lambda: service.worker.progress(key),
+                                               chat_job.done_waiting),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -639,7 +289,7 @@ async def metrics(request: Request):
     return Response(generate_latest(service_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-# ---------------------------------------------------------------------- errors and the guard
+# ---------------------------------------------------------------------- errors
 async def api_error(request: Request, e: ApiError):
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -657,105 +307,6 @@ async def internal_error(request: Request, e: Exception):
     """Whatever escaped every handler: a 500 in the same JSON shape, never a plain-text traceback."""
     error = ApiError(500, f"internal error: {type(e).__name__}", type="server_error")
     return JSONResponse(error.body(), status_code=500)
-
-
-class BodyLimit:
-    """ASGI middleware: counts a request's body as it arrives, whatever its framing (``Content-Length`` or
-    chunked, JSON, text or multipart), and answers 413 once it passes the limit, so no body larger than
-    the limit is ever held. (The read fails inside the handler; the 413 is sent from here, because an
-    error raised while reading can surface wrapped by the middleware between.)"""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        seen, exceeded, started = 0, False, False
-
-        async def counted():
-            nonlocal seen, exceeded
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    exceeded = True
-                    raise too_large(self.limit)
-            return message
-
-        async def sending(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                if exceeded:         # a handler's own answer to the failed read (the same 413)
-                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted, sending)
-        except BaseException:
-            if not exceeded or started:
-                raise
-            error = too_large(self.limit)
-            await JSONResponse(error.body(), status_code=413, headers={"Connection": "close"})(scope, receive, send)
-
-
-ACCESS_LOG = logging.getLogger("reform.access")
-
-
-class Guard:
-    """ASGI middleware (a plain one, so ``request.is_disconnected()`` still reaches the server): the API key,
-    the body-size limit by ``Content-Length``, a request id (the client's ``X-Request-Id`` or a new one) and
-    the answering process in every response, metrics, and the access log (one JSON line per request,
-    written when its response ends, streams included)."""
-
-    def __init__(self, app, service: Service):
-        self.app, self.service = app, service
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        service, request = self.service, Request(scope)
-        request_id = request.headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
-        started, status = time.perf_counter(), [500]
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (b"x-reform-worker", service.name.encode()),
-                                                  (b"x-request-id", request_id.encode())]}
-            await send(message)
-        service.metrics.in_flight.inc()
-        try:
-            refusal = self.refusal(request)
-            if refusal is not None:
-                await refusal(scope, receive, sending)
-            else:
-                await self.app(scope, receive, sending)
-        finally:
-            service.metrics.in_flight.dec()
-            path = getattr(scope.get("route"), "path", "unmatched")
-            service.metrics.requests.labels(path, str(status[0])).inc()
-            ACCESS_LOG.info(json.dumps({
-                "time": round(time.time(), 3), "request_id": request_id, "method": request.method,
-                "path": request.url.path, "status": status[0], "seconds": round(time.perf_counter() - started, 4),
-                "client": request.client.host if request.client else None, "worker": service.name}))
-
-    def refusal(self, request: Request) -> JSONResponse | None:
-        settings = self.service.settings
-        if request.url.path.startswith("/v1/") and settings.api_key:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
-                e = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                             type="authentication_error", code="invalid_api_key")
-                return JSONResponse(e.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            e = ApiError(413, f"request body of {int(length)} bytes is over the limit of {settings.max_body_bytes}",
-                         code="request_too_large")
-            return JSONResponse(e.body(), status_code=413)
-        return None
 
 
 def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:

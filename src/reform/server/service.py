@@ -1,0 +1,248 @@
+"""What ``reform serve``'s handlers share: the settings, the content keys of texts (tokenised off the model
+thread), and ``Service``, which plans a chat (which stored context answers it) and queues work on the
+``Worker`` through the admission ``Line`` (docs/architecture.md, serving)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import math
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from starlette.concurrency import run_in_threadpool
+
+from ..engine.layout import as_tensor
+from .admission import Line
+from .metrics import Metrics
+from .openai_schema import ApiError, Conversation, context_text, history_question
+from .worker import ContextStatus, QueueFull, Worker
+
+
+@dataclass
+class Settings:
+    api_key: str | None = None
+    max_body_bytes: int = 64 << 20          # 413 above this
+    max_context_tokens: int = 2_000_000     # 413 above this
+    request_timeout: float = 900.0          # 504 after this many seconds (encode included)
+    default_max_tokens: int = 512
+    model_id: str | None = None             # the name /v1/models lists (default: the pipeline's model name)
+    allowed_origins: tuple[str, ...] = ()   # CORS: web origins whose pages may call the API ("*": any)
+    max_waiting: int = 256                  # requests waiting in line for a queue place; 503 beyond
+
+
+class Keys:
+    """Content keys of context texts, computed off the model thread and remembered by text digest. Each
+    thread tokenises with its own copy of the tokenizer (one object is not safe to share between threads),
+    so two uploads are tokenised at once rather than one behind the other."""
+
+    PIECE_CHARS = 1 << 18          # tokens are counted this many characters at a time, to stop early
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.local = threading.local()
+        self.lock = threading.Lock()              # guards ``memo`` only
+        self.memo: dict[str, tuple[str, int]] = {}
+
+    @property
+    def templater(self):
+        if not hasattr(self.local, "templater"):
+            templater = copy.copy(self.pipe.templater)
+            templater.tok = copy.deepcopy(self.pipe.tokenizer)
+            self.local.templater = templater
+        return self.local.templater
+
+    def of(self, text: str, limit: int | None = None) -> tuple[str, int]:
+        """``(key, tokens)`` of the context ``text`` would encode to; past ``limit`` tokens, ``(None, n)``
+        with n > limit as soon as the count passes it (a 50 MB text is not tokenised whole to refuse it)."""
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        with self.lock:
+            if digest in self.memo:
+                return self.memo[digest]
+        if limit is not None and (n := self.count_up_to(text, limit)) > limit:
+            return None, n
+        ids = self.templater.context(text)
+        found = (self.pipe.context_key(as_tensor(ids, "cpu")), len(ids))
+        with self.lock:
+            self.memo[digest] = found
+        return found
+
+    def count_up_to(self, text: str, limit: int) -> int:
+        """Tokens of ``text``, counted piece by piece (cut at whitespace), stopping once past ``limit``."""
+        n, start = 0, 0
+        while start < len(text) and n <= limit:
+            end = min(len(text), start + self.PIECE_CHARS)
+            if end < len(text):
+                end = max(text.rfind(" ", start, end), text.rfind("\n", start, end)) + 1 or end
+            n += len(self.templater.encode(text[start:end]))
+            start = end
+        return n
+
+    def tokens(self, text: str) -> int:
+        return len(self.templater.encode(text))
+
+
+class Service:
+    """What the HTTP handlers share for one served ``Worker``: the settings, the names it answers to, the
+    content keys of texts, and the waiting on jobs. State changes are the worker's own methods."""
+
+    def __init__(self, worker: Worker, settings: Settings):
+        self.worker, self.settings, self.pipe = worker, settings, worker.pipe
+        self.model_id = settings.model_id or self.pipe.model_name
+        self.keys = Keys(self.pipe)
+        self.served_names = (self.model_id, self.pipe.model_name, self.pipe.source, "reform")  # a request's "model"
+        self.history_limit = self.pipe.engine.shape.window // 8   # tokens of later turns riding with a question
+        self.name = f"{socket.gethostname()}/{os.getpid()}"
+        self.line = Line(settings.max_waiting)
+        self.metrics = Metrics(worker, self.line)
+        self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
+                           "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
+
+    def check_model(self, name: str) -> None:
+        if name not in self.served_names:
+            raise ApiError(404, f"model '{name}' is not served here; this server serves '{self.model_id}'",
+                           param="model", code="model_not_found")
+
+    async def key_of(self, text: str) -> tuple[str, int]:
+        """``(content key, tokens)`` of a context text; 413 past the token limit."""
+        key, n = await run_in_threadpool(self.keys.of, text, self.settings.max_context_tokens)
+        if key is None or n > self.settings.max_context_tokens:
+            raise ApiError(413, f"the context has {'at least ' if key is None else ''}{n} tokens, over this "
+                                f"server's limit of {self.settings.max_context_tokens}", code="context_too_large")
+        return key, n
+
+    def encoding_elsewhere(self, key: str) -> bool:
+        """Another process sharing the store (a replica) has ``key`` queued or encoding."""
+        s = self.worker.elsewhere(key)
+        return s is not None and s.status in ("queued", "encoding")
+
+    async def stored_elsewhere(self, key: str) -> bool:
+        """Wait while another replica encodes ``key``; True once it is stored."""
+        deadline = time.monotonic() + self.settings.request_timeout
+        while self.encoding_elsewhere(key):
+            if time.monotonic() > deadline:
+                raise ApiError(504, f"context {key} is still being encoded by another replica", code="timeout")
+            await asyncio.sleep(0.5)
+            if self.worker.store.has(key):
+                return True
+        return self.worker.store.has(key)
+
+    def busy(self) -> ApiError:
+        # when a place is likely free: the queue's expected wait, plus the line's share of jobs before it
+        line_wait = len(self.line) * self.worker.job_seconds
+        wait = min(600, max(1, math.ceil(self.worker.expected_wait() + line_wait)))
+        return ApiError(503, f"the server is busy: too many requests are waiting; retry in about {wait} s",
+                        type="server_error", code="queue_full", headers={"Retry-After": str(wait)})
+
+    async def enqueue(self, put, still_wanted):
+        """``put()``'s result once the worker's queue takes it (``put`` raises ``QueueFull`` while the queue is
+        full): a request that finds it full waits in ``line`` for a place instead of being refused, and 503
+        (``busy``) comes only when the line is full too."""
+        try:
+            return await self.line.join(put, still_wanted)
+        except QueueFull:
+            raise self.busy() from None
+
+    def status_of(self, key: str) -> ContextStatus:
+        s = self.worker.describe(key)
+        if s is None:
+            raise ApiError(404, f"context {key} not found", code="context_not_found")
+        return s
+
+    async def plan(self, conv: Conversation, context_id: str | None) -> tuple[str | None, str | None, str]:
+        """``(context key, context text (None for an uploaded context_id), question)``: the longest stored
+        prefix of the earlier messages whose later turns fit beside the question, else all earlier messages
+        (encoded once); no earlier messages: ``(None, None, question)``, asked without a context."""
+        earlier, worker = conv.earlier, self.worker
+        if context_id is not None:
+            if not worker.store.valid_key(context_id) or not (worker.has(context_id)
+                                                                or await self.stored_elsewhere(context_id)):
+                raise ApiError(404, f"context {context_id} not found", param="context_id", code="context_not_found")
+            return context_id, None, await self.fit_history(earlier, conv.question)
+        if not earlier:         # a question alone (a chat UI's first message): the model answers it
+            return None, None, conv.question
+        for j in range(len(earlier), 0, -1):
+            later = earlier[j:]
+            if later and await run_in_threadpool(self.keys.tokens, context_text(later)) > self.history_limit:
+                break
+            text = context_text(earlier[:j])
+            key, _ = await self.key_of(text)
+            if worker.has(key):    # the text still goes along: a damaged or evicted file is encoded again
+                return key, text, history_question(later, conv.question)
+        text = context_text(earlier)
+        key, _ = await self.key_of(text)
+        return key, text, conv.question
+
+    async def check_images(self, parts: list, context_id: str | None) -> None:
+        """400 for images this server cannot take: a text-only model or method, an uploaded context beside
+        them, bytes that are no image; a 413 for a conversation whose text alone is over the token limit."""
+        from ..documents import DocumentError, read_image
+        if context_id is not None:
+            raise ApiError(400, "images cannot be sent with a context_id; send the document in the messages",
+                           param="context_id")
+        try:
+            self.pipe.check_takes_images()
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        for part in parts:
+            if isinstance(part, bytes):
+                try:
+                    await run_in_threadpool(read_image, part)
+                except DocumentError as e:
+                    raise ApiError(400, str(e), param="messages") from None
+        n = await run_in_threadpool(self.keys.tokens, "".join(p for p in parts if isinstance(p, str)))
+        if n > self.settings.max_context_tokens:
+            raise ApiError(413, f"the context has {n} text tokens, over this server's limit of "
+                                f"{self.settings.max_context_tokens}", code="context_too_large")
+
+    async def fit_history(self, turns, question: str) -> str:
+        if turns and await run_in_threadpool(self.keys.tokens, context_text(turns)) > self.history_limit:
+            raise ApiError(400, f"the messages besides an uploaded context_id are over {self.history_limit} tokens; "
+                                "upload them as part of the context", param="messages")
+        return history_question(turns, question)
+
+
+class ChatJob:
+    """One chat's work on the worker: its encode (if its text is not stored yet) and its answer. ``put``
+    queues it (raising ``QueueFull`` while the queue is full); ``done_waiting`` releases the encode it
+    watched, once, whichever way the request ends."""
+
+    def __init__(self, service: Service, req, conv: Conversation, key: str | None, text: str | None,
+                 question: str, tokens: int):
+        self.service, self.req, self.conv = service, req, conv
+        self.key, self.text, self.question, self.tokens = key, text, question, tokens
+        self.asked = req.max_new_tokens()     # unset: up to the default, fewer where the window has less room
+        self.started_encode, self.watched = False, []
+
+    def work(self, job):
+        pipe, worker, conv = self.service.pipe, self.service.worker, self.conv
+        if conv.parts is not None:
+            ctx, encoded = pipe.encode(conv.parts), True
+        elif self.key is not None:
+            ctx, encoded = worker.context(self.key, self.text, job)
+        else:
+            ctx, encoded = pipe.without_context(), False
+        answer = ctx.ask(self.question, max_new_tokens=self.asked or self.service.settings.default_max_tokens,
+                         fit_window=self.asked is None, on_text=lambda s: job.emit(("text", s)), **self.req.sampling())
+        return answer, encoded or self.started_encode
+
+    def put(self):
+        worker, key = self.service.worker, self.key
+        if self.text is not None and not worker.has(key) and not self.service.encoding_elsewhere(key):
+            # the encode runs as a job of its own, so that it outlives this request if its client leaves and
+            # another chat (or the same client, retrying) wants the same text (``Worker.upload``)
+            worker.upload(key, self.text, self.tokens, for_chat=True)
+            self.started_encode = True
+        if key is not None and not self.watched and (encode := worker.watch(key)) is not None:
+            self.watched.append(encode)
+        # with key: may answer during another's encode (as may a question without a context)
+        return worker.submit(self.work, stream=self.req.stream, key=key,
+                             no_context=key is None and self.conv.parts is None)
+
+    def done_waiting(self) -> None:
+        while self.watched:
+            self.service.worker.unwatch(self.watched.pop())
