@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # docs/architecture.md, "Layers": lowest first; a name is a package or module under reform
 LAYERS = [
-    {"version", "stats", "outputs", "machine", "model", "data", "documents"},
+    {"version", "notes", "stats", "outputs", "machine", "model", "data", "documents"},
     {"engine", "store"},
     {"heads", "conformance"},
     {"methods"},

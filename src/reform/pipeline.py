@@ -7,7 +7,7 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -15,11 +15,13 @@ from .engine.core import Engine
 from .engine.layout import Templater, as_tensor
 from .heads import find_preset
 from .methods import REGISTRY, Answer, Context, Method
+from .documents.evidence import Source
 from .methods.checkpoint import Checkpoint
 from .methods.full import QuestionAlone
 from .methods.options import options_from_json, options_json
-from .methods.saved import restore_parts
+from .methods.saved import restore_parts, restore_source
 from .model import DEFAULT_MODEL, load_model
+from .notes import PlainPromptWarning
 from .store.format import ContextFileError, ids_sha256, read_manifest, read_tensors
 
 
@@ -74,7 +76,7 @@ class Pipeline:
         if use_chat_template and not self.templater.has_chat_template:
             warnings.warn(f"{self.model_name} has no chat template (a base model): questions are asked as plain "
                           "text ('<context>\\n\\nQuestion: ...\\nAnswer:') and each answer ends with its first line",
-                          stacklevel=2)
+                          PlainPromptWarning, stacklevel=2)
         self.eos_ids = self.templater.eos_ids(model)
         self.method = make_method(method, self.engine, self.model_name, **method_options)
         self._identity: dict | None = None
@@ -145,7 +147,8 @@ class Pipeline:
             raise ContextFileError(f"{path} is corrupted: its token ids do not match their digest")
         try:
             ids, cache, state = restore_parts(self.engine, tensors, manifest.get("cache"))
-            ctx = Context(self, method, ids, cache=cache, image_rows=tensors.get("image_rows"))
+            ctx = Context(self, method, ids, cache=cache, image_rows=tensors.get("image_rows"),
+                          source=restore_source(tensors, manifest.get("source")))
             if ctx.image_rows is not None:
                 ctx.image_rows = ctx.image_rows.to(self.engine.device, self.engine.dtype)
             if int(ids.max()) >= self.engine.vocab + (0 if ctx.image_rows is None else ctx.image_rows.shape[0]):
@@ -229,20 +232,40 @@ class Pipeline:
                              add_special_tokens=False)
         return got["input_ids"][0], {k: v for k, v in got.items() if k not in ("input_ids", "attention_mask")}
 
+    def tokenize(self, content) -> Tokenized:
+        """``content`` as the ids to encode: text (``str``); a document or a folder of them (``Path``, raw
+        ``bytes`` or an ``Extracted``: PDF, DOCX, HTML, EPUB, Markdown, text, code, see ``reform.documents``);
+        or a list of text and image parts (``tokenize_parts``). Text and documents keep a ``Source``: where
+        each token came from, for the evidence of answers."""
+        from .documents import Extracted, extract
+        if isinstance(content, (Path, bytes, bytearray)):
+            content = extract(content)
+        if isinstance(content, str):
+            if not content.strip():
+                raise ValueError("the context is empty")
+            content = Extracted.plain(content)
+        if isinstance(content, Extracted):
+            ids, starts = self.templater.context_offsets(content.text)
+            return Tokenized(as_tensor(ids, self.engine.device), None,
+                             Source(content, torch.tensor(starts, dtype=torch.int32)))
+        return Tokenized(*self.tokenize_parts(content))
+
     def encode(self, content, progress: Callable[[int], None] | None = None,
                checkpoint: str | Path | Checkpoint | None = None) -> Context:
-        """Encode ``content`` once: text, or a list of text and image parts (``tokenize_parts``). The
-        tokenisation and the images' vision-tower pass are not included in the encode time.
+        """Encode ``content`` once (anything ``tokenize`` takes: text, a document's path or bytes, a folder,
+        text and image parts). The tokenisation, extraction and the images' vision-tower pass are not
+        included in the encode time.
 
         ``checkpoint`` (a path, or a ``Checkpoint`` to set the interval, default 5 min): the encode saves
         its state there every few minutes and, given a checkpoint an interrupted encode of the same input
         left, goes on from it; the file is removed once the encode is done (REFORM, one segment)."""
-        return self.encode_tokens(*self.tokenize_parts(content), progress=progress, checkpoint=checkpoint)
+        ids, rows, source = self.tokenize(content)
+        return self.encode_tokens(ids, rows, progress=progress, checkpoint=checkpoint, source=source)
 
     def encode_tokens(self, ids: torch.Tensor, image_rows: torch.Tensor | None = None,
                       progress: Callable[[int], None] | None = None,
-                      checkpoint: str | Path | Checkpoint | None = None) -> Context:
-        """Encode what ``tokenize_parts`` returned (callers that show progress over the tokens first)."""
+                      checkpoint: str | Path | Checkpoint | None = None, source: Source | None = None) -> Context:
+        """Encode what ``tokenize`` returned (callers that show progress over the tokens first)."""
         rows, resuming = image_rows, {}
         if checkpoint is not None:
             if not self.method.resumable:
@@ -254,6 +277,7 @@ class Pipeline:
         with self.engine.input_rows(rows):
             ctx = self.method.encode(self, ids, progress, **resuming)
         ctx.image_rows = rows
+        ctx.source = source
         ctx.encode_seconds = time.perf_counter() - t + (checkpoint.spent_before if checkpoint is not None else 0.0)
         if checkpoint is not None and not checkpoint.keep_when_done:
             checkpoint.discard()
@@ -266,6 +290,15 @@ class Pipeline:
 
     def ask(self, content, question: str, **kwargs) -> Answer:
         return self.encode(content).ask(question, **kwargs)
+
+
+class Tokenized(NamedTuple):
+    """What ``Pipeline.tokenize`` makes of a context: its ids, the rows its image ids stand for, and where
+    its tokens came from (None for contexts with images)."""
+
+    ids: torch.Tensor
+    image_rows: torch.Tensor | None = None
+    source: Source | None = None
 
 
 DTYPE_FLAGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

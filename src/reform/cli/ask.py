@@ -19,9 +19,10 @@ from .common import (CliError, DeviceOpt, DtypeOpt, HeadsOpt, LoadArgs, MethodOp
 
 @app.command()
 @with_load_options
-def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a UTF-8 text file, or several "
-                                                     "files in order, image files (.png, .jpg, ...) among them "
-                                                     "for a vision-language model", show_default=False),
+def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a document (PDF, DOCX, HTML, "
+                                                     "EPUB, Markdown, text, code), a folder, a quoted glob or "
+                                                     "several files (images among them for a vision-language "
+                                                     "model); - reads standard input", show_default=False),
         question: Optional[str] = typer.Option(None, "--question", "-q", help="the question to answer"),
         context: Optional[Path] = typer.Option(None, "--context", "-c", help="a context saved by `reform encode` "
                                                "(instead of FILE): answers without encoding again"),
@@ -29,7 +30,10 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
         temperature: float = TemperatureOpt, top_p: float = TopPOpt, seed: Optional[int] = SeedOpt,
         stop: Optional[list[str]] = StopOpt,
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object with the answer and stats"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object with the answer, its evidence "
+                                     "and stats"),
+        evidence: int = typer.Option(0, "--evidence", min=0, help="print the N passages the answer was "
+                                     "recomputed from, best first, with their document, page or line"),
         *, load: LoadArgs):
     """Answer QUESTION about FILE (or several files, images among them, or a saved --context), however long."""
     try:
@@ -57,8 +61,23 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
     if as_json:
         print(json.dumps({**answer.to_json(), **ran_on}))
     else:
+        if evidence:
+            print_evidence(answer, evidence)
         err.print(f"[dim]{answer.method} ({ran_on['dtype']} on {ran_on['device']}): {answer.input_tokens} input tokens · "
                   + " · ".join(f"{k} {v}" for k, v in answer.stats.items()) + "[/]")
+
+
+def print_evidence(answer, n: int) -> None:
+    """The top ``n`` passages under the answer: where each is, then its text (shortened in the middle)."""
+    if not answer.evidence:
+        err.print(f"[dim]no evidence: {answer.evidence_note}[/]")
+        return
+    out.print(f"\nEvidence ({min(n, len(answer.evidence))} of {len(answer.evidence)} passages):", markup=False)
+    for i, p in enumerate(answer.evidence[:n], 1):
+        text = " ".join(p.text.split())
+        text = text if len(text) <= 400 else text[:250] + " ... " + text[-140:]
+        score = "" if p.score is None else f" (score {p.score:.3f})"
+        out.print(f"[{i}] {p.where()}{score}\n    {text}", markup=False, highlight=False)
 
 
 @app.command()

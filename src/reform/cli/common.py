@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import warnings
 from contextlib import contextmanager
@@ -75,21 +76,24 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def read_text_file(path: Path) -> str:
-    """A UTF-8 text file's content; ``-`` reads standard input."""
-    from ..documents import DocumentError, decode_text
-    if str(path) == "-":
-        data, path = sys.stdin.buffer.read(), "standard input"
-    elif not path.exists():
-        raise CliError(f"file not found: {path}")
-    elif path.is_dir():
-        raise CliError(f"{path} is a directory, not a text file")
-    else:
-        data = path.read_bytes()
+def read_document(path: Path):
+    """One document (PDF, DOCX, HTML, EPUB, Markdown, text, code), a folder of them or a quoted glob
+    ('docs/*.pdf') as one ``Extracted``; ``-`` reads standard input. Files of a folder that reform does not
+    read are named in one note line."""
+    from ..documents import DocumentError, extract, extract_bytes
     try:
-        return decode_text(data, str(path))
+        if str(path) == "-":
+            doc = extract_bytes(sys.stdin.buffer.read(), "standard input")
+        elif not path.exists() and not any(c in str(path) for c in "*?["):
+            raise CliError(f"file not found: {path}")
+        else:
+            doc = extract(path)
     except DocumentError as e:
         raise CliError(str(e)) from None
+    if doc.skipped:
+        shown = ", ".join(name for name, _ in doc.skipped[:5]) + (" ..." if len(doc.skipped) > 5 else "")
+        say("[yellow]note:[/]", f"left out {len(doc.skipped)} file(s) reform does not read: {shown}")
+    return doc
 
 
 @contextmanager
@@ -281,19 +285,31 @@ def encode_text(pipe, content, quiet: bool, checkpoint=None):
     """Encode ``content`` (text, or text and image parts: ``read_inputs``) with a progress bar over its
     tokens (refusals become one-line errors); ``checkpoint`` as ``Pipeline.encode``'s."""
     try:
-        ids, rows = pipe.tokenize_parts(content)
+        ids, rows, source = pipe.tokenize(content)
         with encode_progress(ids.shape[0], quiet) as progress, notes_as_lines():
-            return pipe.encode_tokens(ids, rows, progress, checkpoint=checkpoint)
+            return pipe.encode_tokens(ids, rows, progress, checkpoint=checkpoint, source=source)
     except ValueError as e:
         raise CliError(str(e)) from None
 
 
 def read_inputs(paths: list[Path]):
-    """The context of ``reform ask FILE...``: one text file's text, or the parts of several files in order,
-    image files (by suffix: .png, .jpg, ...) as images for a vision-language model, others as UTF-8 text."""
-    from ..documents import IMAGE_SUFFIXES
+    """The context of ``reform ask FILE...``: one document, folder or glob (``read_document``); several
+    documents as one context, each under a header naming it; with image files among them (by suffix: .png,
+    .jpg, ...), the parts in order, images as images for a vision-language model and documents as text."""
+    from ..documents import IMAGE_SUFFIXES, DocumentError
     if len(paths) == 1 and paths[0].suffix.lower() not in IMAGE_SUFFIXES:
-        return read_text_file(paths[0])
+        return read_document(paths[0])
+    if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in paths):
+        from ..documents.folder import combine
+        from ..documents.extracted import Limits
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            raise CliError(f"file not found: {missing[0]}")
+        try:
+            return combine([str(p.absolute()) for p in paths], os.path.commonpath([str(p.absolute()) for p in paths]),
+                           Limits())
+        except DocumentError as e:
+            raise CliError(str(e)) from None
     parts = []
     for path in paths:
         if path.suffix.lower() in IMAGE_SUFFIXES:
@@ -301,7 +317,7 @@ def read_inputs(paths: list[Path]):
                 raise CliError(f"image not found: {path}")
             parts.append(path)
         else:
-            parts.append(read_text_file(path))
+            parts.append(read_document(path).text)
     return parts
 
 

@@ -13,13 +13,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .common import (CliError, LoadArgs, app, check_load_options, checked_output, encode_text, err, fail,
-                     on_interrupt, pipeline_from, read_text_file, say, with_load_options)
+                     on_interrupt, pipeline_from, read_document, say, with_load_options)
 
 
 @app.command()
 @with_load_options
-def encode(source: str = typer.Argument(..., help="a UTF-8 text file; with --store also a folder, a glob "
-                                        "('docs/*.txt') or an fsspec URL ('s3://bucket/docs/')"),
+def encode(source: str = typer.Argument(..., help="a document (PDF, DOCX, HTML, EPUB, Markdown, text, code) "
+                                        "or, with --out, a folder or quoted glob as one context; with --store a "
+                                        "folder, glob ('docs/*.pdf') or fsspec URL, one context per document"),
            output: Optional[Path] = typer.Option(None, "--out", "-o", help="save the one document's context "
                                                  "here, e.g. book.reform"),
            store: Optional[str] = typer.Option(None, "--store", help="store every document's context in this "
@@ -61,7 +62,7 @@ def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_m
     try:
         output = checked_output(output, "--out", folder=False)
         on_interrupt(f"nothing was written ({output} is as it was); run the command again to encode from the start")
-        text = read_text_file(file)
+        text = read_document(file)
         pipe = pipeline_from(load)
         checkpoint = checkpoint_for(pipe, output, checkpoint_minutes)
         ctx = encode_text(pipe, text, as_json, checkpoint)

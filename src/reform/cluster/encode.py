@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ..documents import DocumentError, read_document
+from ..documents import DocumentError, extract_bytes, read_bytes
 from ..store import ContextFileError, ContextStore
 
 # (kind, document, count, pid): "start" with the document's tokens, "tokens" with tokens just encoded
@@ -58,15 +58,15 @@ class DocumentEncoder:
     def encode(self, document: str, report: Callable[[Event], None] | None = None) -> EncodeResult:
         pid = os.getpid()
         try:
-            text = read_document(document)
-            ids = self.pipe.tokenize_context(text)
+            doc = extract_bytes(read_bytes(document), document)
+            ids, _, source = self.pipe.tokenize(doc)
             key = self.pipe.context_key(ids)
             if (stored := self.store.get(key)) is not None:
                 return EncodeResult(document, "stored", key, int(ids.shape[0]), bytes=stored.bytes)
             if report is not None:
                 report(("start", document, int(ids.shape[0]), pid))
             progress = None if report is None else (lambda n: report(("tokens", document, n, pid)))
-            ctx = self.pipe.encode(text, progress)
+            ctx = self.pipe.encode_tokens(ids, progress=progress, source=source)
             size = self.store.put(key, ctx)
         except (DocumentError, ContextFileError, ValueError) as e:
             return EncodeResult(document, "failed", error=str(e).splitlines()[0] if str(e) else type(e).__name__)

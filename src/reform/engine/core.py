@@ -152,6 +152,9 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
             raise UnsupportedModelError(f"model type '{name}': layer {i}'s attention is not causal")
     n_heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    if (v_dim := getattr(cfg, "v_head_dim", None)) not in (None, head_dim):
+        raise UnsupportedModelError(f"model type '{name}' has value heads of {v_dim} dimensions beside key heads "
+                                    f"of {head_dim}, which the engine's cache does not support")
     return ModelShape(n_layers=len(stack.layers), n_heads=n_heads,
                       n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
                       head_dim=head_dim, window=cfg.max_position_embeddings,

@@ -91,6 +91,19 @@ class Templater:
         """Token ids to encode: template prefix + context."""
         return self.prefix + self.encode(text)
 
+    def context_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """``context(text)`` and, per id, the character of ``text`` where its token starts (-1 for the
+        template's). A fast tokenizer says so itself; others are decoded token by token."""
+        if isinstance(self.tok, PreTrainedTokenizerBase) and getattr(self.tok, "is_fast", False):
+            enc = self.tok(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+            ids, starts = enc["input_ids"], [a for a, _ in enc["offset_mapping"]]
+        else:
+            ids, starts, at = self.encode(text), [], 0
+            for i in ids:
+                starts.append(min(at, len(text)))
+                at += len(self.tok.decode([i]))
+        return self.prefix + ids, [-1] * len(self.prefix) + starts
+
     def question(self, question: str, answer_prefix: str = "", after_context: bool = True) -> QuestionPart:
         """The question's ids after the context (``after_context`` False: the question is the whole
         prompt, so nothing separates it from a context)."""

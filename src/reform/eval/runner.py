@@ -42,7 +42,7 @@ def encode(pipe, text, force_over_window: bool, progress: "RowProgress", checkpo
     """``pipe.encode(text)`` (text, or text and image parts); full attention past the window raises
     ``PastWindowWarning`` unless forced. ``checkpoint``: where a method that can resume its encode keeps
     its state every 5 minutes, so a run killed in the middle of a long context goes on from there."""
-    from ..methods.full import PastWindowWarning
+    from ..notes import PastWindowWarning
     from ..stats import reset_peak_memory
     reset_peak_memory()                         # each context's peak memory is its own
     resumable = pipe.method.resumable and getattr(pipe.method.config, "segments", 1) == 1
@@ -63,7 +63,7 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
     ``checkpoint``: as ``encode``'s.
     ``explain``: a row whose gold strings were not all gathered gets the gather's view of them
     (``reform.eval.explain``) under ``explain``, for methods that gather by score."""
-    from ..methods.full import PastWindowWarning
+    from ..notes import PastWindowWarning
     text = rows[0].content()
     if first_question:
         text = text + f"\n\n{first_question}" if isinstance(text, str) else [*text, f"\n\n{first_question}"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..engine.core import ModelShape
 from ..engine.extractors import HeadSpec
+from ..notes import GuessedHeadsWarning
 
 
 def _norm(name: str) -> str:
@@ -77,7 +78,7 @@ def resolve_heads(spec: str | list | None, model_name: str, shape: ModelShape) -
             name = next((m.name for m in PACKAGED.values() if m.hub_id == model_name), model_name)
             warnings.warn(f"no embedding-head preset for '{model_name}': guessing heads {','.join(map(str, heads))} "
                           "(value heads at 40 % depth); compute real ones with `reform heads select --model "
-                          f"{name} --out heads.json` and pass `--heads heads.json`", stacklevel=2)
+                          f"{name} --out heads.json` and pass `--heads heads.json`", GuessedHeadsWarning, stacklevel=2)
         else:
             heads = preset["heads"]
     elif isinstance(spec, (list, tuple)):

@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar, NamedTuple, Protocol
 
 import torch
 
+from ..documents.evidence import Passage, Source, passages
 from ..engine.cache import KVCache
 from ..engine.core import Engine, EvictionPolicy, ModelShape
 from ..engine.layout import QuestionPart, Templater, as_tensor
@@ -49,10 +50,17 @@ class Answer:
     # indices of the context tokens the answer was recomputed from (None: it was read from a compressed
     # cache, whose per-head contents have no single token set); the eval's gold recall checks them
     kept: torch.Tensor | None = None
+    kept_scores: torch.Tensor | None = None     # the gather scores of ``kept`` (methods that score tokens)
+    # the passages the answer was recomputed from, best first (``documents.evidence``), and, when there
+    # are none, why
+    evidence: list[Passage] = field(default_factory=list)
+    evidence_note: str | None = None
 
     def to_json(self) -> dict:
         return {"answer": self.text, "method": self.method, "input_tokens": self.input_tokens,
-                "finish_reason": self.finish_reason, "stats": self.stats}
+                "finish_reason": self.finish_reason, "stats": self.stats,
+                "evidence": [p.to_json() for p in self.evidence],
+                **({"evidence_note": self.evidence_note} if self.evidence_note else {})}
 
 
 @dataclass
@@ -74,6 +82,9 @@ class Context:
     # the input embeddings of the context's image positions, which its ids past the vocabulary stand for
     # (``Engine.input_rows``; docs/architecture.md, "Where per-model behaviour lives"); None: text only
     image_rows: torch.Tensor | None = None
+    # where the context's tokens came from (documents, pages, lines), for the evidence of answers; None for
+    # contexts with images, built from token ids, or saved before contexts kept it
+    source: Source | None = None
 
     def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
             on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
@@ -98,8 +109,21 @@ class Context:
         templater = self.pipeline.templater
         part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix))
         with self.pipeline.engine.input_rows(self.image_rows):
-            return self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
-                                      sampling=sampling, fit_window=fit_window)
+            answer = self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
+                                        sampling=sampling, fit_window=fit_window)
+        self.attach_evidence(answer)
+        return answer
+
+    def attach_evidence(self, answer: Answer) -> None:
+        """``answer.evidence``: the passages of the context tokens it was recomputed from (or why none)."""
+        if answer.kept is None:
+            answer.evidence_note = (f"method '{self.method.name}' answers from its compressed cache, which keeps "
+                                    "other tokens in every layer and head: no recomputed passages to show")
+        elif self.source is None:
+            answer.evidence_note = ("this context keeps no map back to its text (it holds images, was built "
+                                    "from token ids, or was saved before contexts kept one)")
+        else:
+            answer.evidence = passages(self.source, answer.kept, answer.kept_scores)
 
     def save(self, path, *, partial: dict | None = None) -> int:
         """Write this context to ``path`` (one safetensors file with a JSON manifest, atomically, see
@@ -128,6 +152,7 @@ class Prompt(NamedTuple):
     ids: torch.Tensor
     cache: KVCache | None = None
     kept: torch.Tensor | None = None
+    scores: torch.Tensor | None = None     # the gather scores of ``kept``, where the method scores tokens
 
 
 class Method:
@@ -179,13 +204,17 @@ class Method:
         """Indices (ascending) of the context tokens the answer is computed from; default: all."""
         return torch.arange(ctx.ids.shape[0], device=ctx.ids.device)
 
+    def select_scored(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``select``'s indices and their scores (None: the method does not score tokens)."""
+        return self.select(ctx, part, timer), None
+
     def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> Prompt:
         """What generation starts from: by default the selected context tokens + the question, recomputed
         on a fresh cache at contiguous positions. Methods that answer from their compressed cache return
         the question alone and a copy of that cache."""
         with timer.stage("gather"):
-            keep = self.select(ctx, part, timer)
-        return Prompt(torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)]), None, keep)
+            keep, scores = self.select_scored(ctx, part, timer)
+        return Prompt(torch.cat([ctx.ids[keep], as_tensor(part.ids, ctx.ids.device)]), None, keep, scores)
 
     def generation_policy(self, ctx: Context) -> EvictionPolicy | None:
         """A policy the prompt and every generated token run under (None: plain decoding)."""
@@ -200,7 +229,7 @@ class Method:
         timer.add("encode", ctx.encode_seconds)
         if ctx.load_seconds is not None:
             timer.add("load", ctx.load_seconds)
-        prompt, cache, kept = self.prompt(ctx, part, timer)
+        prompt, cache, kept, kept_scores = self.prompt(ctx, part, timer)
         if fit_window:
             used = prompt.shape[0] + (cache.length if cache is not None else 0)
             room = pipe.engine.max_positions - used
@@ -240,7 +269,8 @@ class Method:
                  "peak_memory_mb": peak_memory_mb()}
         if (cuda := peak_cuda_mb()) is not None:
             stats["peak_cuda_mb"] = cuda
-        return Answer(shown.strip(), tokens, self.name, int(ctx.ids.shape[0] + len(part.ids)), stats, finish, kept)
+        return Answer(shown.strip(), tokens, self.name, int(ctx.ids.shape[0] + len(part.ids)), stats, finish, kept,
+                      kept_scores)
 
 
 class CachedMethod(Method):

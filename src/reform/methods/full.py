@@ -11,6 +11,7 @@ import torch
 
 from ..engine.core import Engine
 from ..engine.layout import QuestionPart
+from ..notes import PastWindowWarning
 from .base import Answer, Context, Method, Runtime, register
 
 
@@ -37,10 +38,6 @@ def full_attention_bytes(engine: Engine, n: int) -> int:
     cache = 3 * s.n_layers * s.n_kv_heads * s.head_dim * n * size
     transient = 2 * s.n_heads * s.head_dim * n * size + (s.window * n if engine.device.type != "cpu" else 0)
     return cache + transient
-
-
-class PastWindowWarning(UserWarning):
-    """Full attention was asked to run past the model's window (the eval runner turns this into a skip)."""
 
 
 @register

@@ -115,16 +115,26 @@ class Rag(Method, ABC):
                                            tensors.get("passages"))
 
     def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
+        return self.select_scored(ctx, part, timer)[0]
+
+    def select_scored(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The prefix and the best passages that fit the budget, in context order; each token scored by its
+        passage's retrieval score (the prefix by the lowest of them)."""
         p, device = ctx.state, ctx.ids.device
         if p is None:
-            return torch.arange(ctx.ids.shape[0], device=device)
+            return torch.arange(ctx.ids.shape[0], device=device), None
         budget = self.config.recompute_budget - p.prefix
         if budget <= 0:
             raise ValueError(f"the recompute budget ({self.config.recompute_budget}) leaves no room for passages "
                              f"after the {p.prefix} template tokens")
         query = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
-        chosen = pick_passages(p.scores(query), [e - s for s, e in p.spans], budget)
-        return torch.cat([torch.arange(p.prefix)] + [torch.arange(*p.spans[i]) for i in chosen]).to(device)
+        passage_scores = p.scores(query)
+        chosen = pick_passages(passage_scores, [e - s for s, e in p.spans], budget)
+        spans = [torch.arange(*p.spans[i]) for i in chosen]
+        floor = float(passage_scores.min()) if passage_scores.numel() else 0.0
+        scores = torch.cat([torch.full((p.prefix,), floor)] +
+                           [torch.full((len(s),), float(passage_scores[i])) for i, s in zip(chosen, spans)])
+        return torch.cat([torch.arange(p.prefix)] + spans).to(device), scores
 
 
 @register

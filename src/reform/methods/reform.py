@@ -310,10 +310,17 @@ class Reform(Method):
                                                  tensors["embeddings"])
 
     def select(self, ctx: Context, part: QuestionPart, timer: Timer) -> torch.Tensor:
+        return self.select_scored(ctx, part, timer)[0]
+
+    def select_scored(self, ctx: Context, part: QuestionPart, timer: Timer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The gather (§3.3): the budget's best-scoring tokens plus the first and last ``gather_keep``, with
+        their scores (a context short enough to be recomputed whole has none)."""
         c, n = self.config, ctx.ids.shape[0]
         if ctx.state is None:
-            return torch.arange(n, device=ctx.ids.device)
-        return gather_indices(self.scores(ctx, part), c.recompute_budget, c.gather_keep, c.gather_keep)
+            return torch.arange(n, device=ctx.ids.device), None
+        scores = self.scores(ctx, part)
+        keep = gather_indices(scores, c.recompute_budget, c.gather_keep, c.gather_keep)
+        return keep, scores[keep]
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """Every context token's importance for the question: ``ranking``; with ``run_peaks``, the windows

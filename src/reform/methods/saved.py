@@ -13,6 +13,8 @@ import torch
 
 from typing import TYPE_CHECKING
 
+from ..documents.evidence import Source
+from ..documents.extracted import Extracted, Mark
 from ..engine.cache import KVCache, LayerCache
 
 if TYPE_CHECKING:      # type-only: ``Context`` (base.py) imports this module to save itself
@@ -43,7 +45,31 @@ def context_tensors(ctx: Context) -> tuple[dict[str, torch.Tensor], dict]:
         tensors["image_rows"] = ctx.image_rows
     state = ctx.method.saved_state(ctx)
     tensors.update({f"state.{k}": v for k, v in state.items()})
-    return tensors, {"cache": layout}
+    meta = {"cache": layout}
+    if ctx.source is not None:         # the evidence map: the extracted text, its marks, token -> character
+        tensors["source.text"] = torch.frombuffer(bytearray(ctx.source.document.text.encode("utf-8")), dtype=torch.uint8)
+        tensors["source.token_starts"] = ctx.source.token_starts.to(torch.int32)
+        meta["source"] = source_manifest(ctx.source)
+    return tensors, meta
+
+
+def source_manifest(source: Source) -> dict:
+    doc = source.document
+    names = list(dict.fromkeys(m.document for m in doc.marks))
+    index = {n: i for i, n in enumerate(names)}
+    return {"kind": doc.kind, "pages": doc.pages, "documents": names,
+            "marks": [[m.start, index[m.document], m.page, m.section] for m in doc.marks]}
+
+
+def restore_source(tensors: dict[str, torch.Tensor], meta: dict | None) -> Source | None:
+    """The evidence map of a saved context; None for files saved before contexts kept one."""
+    if meta is None or "source.text" not in tensors:
+        return None
+    text = bytes(tensors["source.text"].numpy()).decode("utf-8")
+    names = meta["documents"]
+    marks = [Mark(start, names[d], page, section) for start, d, page, section in meta["marks"]]
+    return Source(Extracted(text, marks, meta.get("kind", "text"), meta.get("pages", 0)),
+                  tensors["source.token_starts"].to(torch.int32))
 
 
 def restore_parts(engine: Engine, tensors: dict[str, torch.Tensor], layout: list | None

@@ -1,0 +1,145 @@
+"""What every extractor returns: the text a model reads, and a map from character offsets in it back to
+places in the documents it came from (docs/documents.md). One type for every format, so the pipeline,
+saved contexts and the evidence of an answer never need to know which format a passage came from."""
+
+from __future__ import annotations
+
+import bisect
+import re
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Mark:
+    """From character ``start`` on (until the next mark), the text is in ``document``, on ``page`` (1-based,
+    PDFs only) under the heading ``section`` (None: before the first heading, or a format without them)."""
+
+    start: int
+    document: str
+    page: int | None = None
+    section: str | None = None
+
+
+@dataclass(frozen=True)
+class Location:
+    document: str
+    page: int | None
+    section: str | None
+    line: int            # 1-based, within the document's own text as extracted
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one extraction may cost; each is refused in one line when passed (``DocumentError``)."""
+
+    max_unpacked_bytes: int = 512 << 20   # the members of a DOCX or EPUB (a zip), unpacked, all together
+    max_pages: int = 5_000                # PDF pages
+    max_seconds: float = 600.0            # wall time of one extraction
+    max_files: int = 20_000               # documents in one folder or glob
+
+
+@dataclass
+class Extracted:
+    """``text`` plus ``marks`` (sorted by ``start``, the first at 0); ``skipped``: files of a folder that
+    were left out, each with why."""
+
+    text: str
+    marks: list[Mark]
+    kind: str
+    pages: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._mark_starts = [m.start for m in self.marks]
+        self._newlines: list[int] | None = None
+
+    @classmethod
+    def plain(cls, text: str, document: str = "text") -> "Extracted":
+        return cls(text, [Mark(0, document)], "text")
+
+    def mark_at(self, offset: int) -> Mark:
+        return self.marks[max(0, bisect.bisect_right(self._mark_starts, offset) - 1)]
+
+    def document_start(self, document: str, before: int) -> int:
+        """Where ``document``'s text starts (its first mark at or before ``before``)."""
+        i = bisect.bisect_right(self._mark_starts, before) - 1
+        while i > 0 and self.marks[i - 1].document == document:
+            i -= 1
+        return self.marks[max(i, 0)].start
+
+    def locate(self, offset: int) -> Location:
+        if self._newlines is None:
+            self._newlines = [m.start() for m in re.finditer("\n", self.text)]
+        mark = self.mark_at(offset)
+        first = self.document_start(mark.document, offset)
+        line = bisect.bisect_left(self._newlines, offset) - bisect.bisect_left(self._newlines, first) + 1
+        return Location(mark.document, mark.page, mark.section, line)
+
+
+class Builder:
+    """Text written piece by piece, with a mark wherever the document, page or section changes."""
+
+    def __init__(self, document: str, limits: Limits, kind: str):
+        self.document, self.limits, self.kind = document, limits, kind
+        self.pieces: list[str] = []
+        self.size = 0
+        self.marks: list[Mark] = []
+        self.page: int | None = None
+        self.section: str | None = None
+        self.started = time.monotonic()
+        self.pages = 0
+
+    def _mark(self) -> None:
+        mark = Mark(self.size, self.document, self.page, self.section)
+        if self.marks and self.marks[-1].start == self.size:
+            self.marks[-1] = mark                      # nothing was written under the previous one
+        elif not self.marks or (self.marks[-1].page, self.marks[-1].section) != (mark.page, mark.section):
+            self.marks.append(mark)
+
+    def write(self, text: str) -> None:
+        if text:
+            if not self.marks:
+                self._mark()
+            self.pieces.append(text)
+            self.size += len(text)
+
+    def paragraph(self, text: str) -> None:
+        """``text`` as a block of its own: separated from what came before by a blank line."""
+        text = text.strip("\n")
+        if not text.strip():
+            return
+        if self.size:
+            self.write("\n\n")
+        self.write(text)
+
+    def heading(self, title: str, level: int = 1) -> None:
+        title = " ".join(title.split())
+        if not title:
+            return
+        if self.size:
+            self.write("\n\n")
+        self.section = title
+        self._mark()
+        self.write("#" * max(1, min(level, 6)) + " " + title)
+
+    def new_page(self, page: int) -> None:
+        self.check_time()
+        if self.size:
+            self.write("\n\n")
+        self.page = page
+        self.pages = max(self.pages, page)
+        self._mark()
+
+    def check_time(self) -> None:
+        if time.monotonic() - self.started > self.limits.max_seconds:
+            from . import DocumentError
+            raise DocumentError(f"{self.document}: extraction took longer than {self.limits.max_seconds:.0f} s; "
+                                "split the document or raise the limit")
+
+    def done(self) -> Extracted:
+        from . import DocumentError
+        text = "".join(self.pieces)
+        if not text.strip():
+            raise DocumentError(f"{self.document} has no text")
+        return Extracted(text, self.marks or [Mark(0, self.document)], self.kind, self.pages)

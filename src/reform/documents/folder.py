@@ -1,0 +1,56 @@
+"""A folder or glob of documents as one context: each document under a header line naming it (its path
+below the folder), in sorted order; source code in a fenced block with its language, the layout code
+models read in chat and repository prompts. Files reform does not read are left out and listed."""
+
+from __future__ import annotations
+
+from .extracted import Extracted, Limits, Mark
+
+
+def relative_name(location: str, base: str) -> str:
+    base = base.split("*")[0].split("?")[0].split("[")[0].rstrip("/")
+    if location.startswith(base + "/"):
+        return location[len(base) + 1:]
+    return location.rsplit("/", 1)[-1]
+
+
+def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
+    from pathlib import Path
+
+    from . import DocumentError, UnsupportedDocument, extract_bytes, read_bytes
+    from .text import code_language
+    if len(documents) > limits.max_files:
+        raise DocumentError(f"{source} holds {len(documents)} documents, over the limit of {limits.max_files}")
+    base = source if "://" in source else str(Path(source).expanduser().absolute())
+    if Path(base).is_file():
+        base = str(Path(base).parent)
+    pieces, marks, size, pages, skipped = [], [], 0, 0, []
+    for location in documents:
+        name = relative_name(location, base)
+        try:
+            doc = extract_bytes(read_bytes(location), name, limits)
+        except UnsupportedDocument as e:
+            skipped.append((name, str(e)))
+            continue
+        except DocumentError as e:
+            if "is empty" in str(e):
+                skipped.append((name, str(e)))
+                continue
+            raise
+        language = code_language(name)
+        header = f"### {name}\n\n" + (f"```{language}\n" if language else "")
+        footer = "\n```" if language else ""
+        start = size + (2 if pieces else 0)
+        if pieces:
+            pieces.append("\n\n")
+        marks.append(Mark(start, name))
+        pieces += [header, doc.text, footer]
+        body = start + len(header)
+        marks += [Mark(body + m.start, name, m.page, m.section) for m in doc.marks
+                  if m.start > 0 or m.page is not None or m.section is not None]
+        size = body + len(doc.text) + len(footer)
+        pages += doc.pages
+    if not pieces:
+        why = "; ".join(f"{n}: {w}" for n, w in skipped[:3])
+        raise DocumentError(f"no document in {source} that reform reads" + (f" ({why})" if why else ""))
+    return Extracted("".join(pieces), marks, "folder", pages, skipped)

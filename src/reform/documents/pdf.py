@@ -1,0 +1,139 @@
+"""PDF: the text layer page by page (pypdfium2, BSD-3/Apache-2.0; pypdf, BSD-3, where pypdfium2 is not
+installed), page breaks kept as blank lines and in the map, sections from the outline (bookmarks), and the
+running headers and footers that repeat on most pages left out. Encrypted files are opened with the empty
+password or refused; a file without a text layer (a scan) is refused: OCR is not part of reform."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+
+from .extracted import Builder, Extracted, Limits
+
+EDGE_LINES = 2          # a running header or footer is among the first or last lines of a page
+MIN_CHARS_PER_PAGE = 16  # less text than this on average: no text layer
+
+
+def extract_pdf(data: bytes, name: str, limits: Limits = Limits()) -> Extracted:
+    try:
+        import pypdfium2  # noqa: F401
+    except ImportError:
+        return _build(name, limits, *_pages_pypdf(data, name, limits))
+    return _build(name, limits, *_pages_pdfium(data, name, limits))
+
+
+def _refuse_pages(name: str, n: int, limits: Limits) -> None:
+    from . import DocumentError
+    if n > limits.max_pages:
+        raise DocumentError(f"{name} has {n} pages, over the limit of {limits.max_pages}")
+    if n == 0:
+        raise DocumentError(f"{name} has no pages")
+
+
+def _pages_pdfium(data: bytes, name: str, limits: Limits):
+    import pypdfium2 as pdfium
+
+    from . import DocumentError
+    try:
+        pdf = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as e:
+        if "password" in str(e).lower():
+            try:
+                pdf = pdfium.PdfDocument(data, password="")
+            except pdfium.PdfiumError:
+                raise DocumentError(f"{name} is encrypted with a password; decrypt it first") from None
+        else:
+            raise DocumentError(f"{name} is not a readable PDF ({str(e).strip() or 'damaged or truncated'})") from None
+    try:
+        _refuse_pages(name, len(pdf), limits)
+        outline = []
+        try:
+            outline = [(item.page_index, item.title) for item in pdf.get_toc(max_depth=3)
+                       if item.page_index is not None and item.title]
+        except Exception:          # a damaged outline costs the sections, not the text
+            outline = []
+
+        def pages():
+            for i in range(len(pdf)):
+                page = pdf[i]
+                textpage = page.get_textpage()
+                yield textpage.get_text_bounded()
+                textpage.close()
+                page.close()
+        return list(_timed(pages(), name, limits)), outline, len(pdf)
+    finally:
+        pdf.close()
+
+
+def _pages_pypdf(data: bytes, name: str, limits: Limits):
+    from pypdf import PdfReader
+    from pypdf.errors import FileNotDecryptedError, PdfReadError
+
+    from . import DocumentError
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise DocumentError(f"{name} is encrypted with a password; decrypt it first")
+        n = len(reader.pages)
+    except (PdfReadError, FileNotDecryptedError, ValueError, OSError) as e:
+        raise DocumentError(f"{name} is not a readable PDF ({e})") from None
+    _refuse_pages(name, n, limits)
+    outline = []
+    try:
+        def walk(items):
+            for item in items:
+                if isinstance(item, list):
+                    yield from walk(item)
+                elif (page := reader.get_destination_page_number(item)) is not None:
+                    yield page, item.title
+        outline = list(walk(reader.outline))
+    except Exception:
+        outline = []
+    return list(_timed((page.extract_text() or "" for page in reader.pages), name, limits)), outline, n
+
+
+def _timed(pages, name: str, limits: Limits):
+    probe = Builder(name, limits, "pdf")
+    for text in pages:
+        probe.check_time()
+        yield text
+
+
+def _normalised(line: str) -> str:
+    return re.sub(r"\d+", "#", " ".join(line.split()).lower())
+
+
+def running_lines(pages: list[list[str]]) -> set[str]:
+    """Normalised lines (digits as ``#``: "Page 12 of 300") found among the first or last ``EDGE_LINES``
+    lines of at least half the pages (and of three or more): headers and footers, not content."""
+    if len(pages) < 3:
+        return set()
+    seen = Counter()
+    for lines in pages:
+        edges = [l for l in lines if l.strip()]
+        seen.update({_normalised(l) for l in edges[:EDGE_LINES] + edges[-EDGE_LINES:]})
+    return {line for line, n in seen.items() if line and n >= max(3, len(pages) // 2)}
+
+
+def _build(name: str, limits: Limits, texts: list[str], outline: list[tuple[int, str]], n: int) -> Extracted:
+    from . import DocumentError
+    texts = [t.replace("\r\n", "\n").replace("\r", "\n") for t in texts]
+    if sum(len(t.strip()) for t in texts) < MIN_CHARS_PER_PAGE * n:
+        raise DocumentError(f"{name} has no text layer (a scanned or image-only PDF?); run OCR on it first "
+                            "(for example ocrmypdf) and give reform the result")
+    lines = [t.split("\n") for t in texts]
+    running = running_lines(lines)
+    sections: dict[int, str] = {}
+    for page, title in outline:                 # in outline order: the last entry starting on a page wins
+        sections[page] = " ".join(title.split())
+    out = Builder(name, limits, "pdf")
+    section = None
+    for i, page_lines in enumerate(lines):
+        section = out.section = sections.get(i, section)
+        out.new_page(i + 1)
+        kept = [l.rstrip() for l in page_lines if _normalised(l) not in running]
+        out.write("\n".join(kept).strip("\n"))
+    extracted = out.done()
+    extracted.pages = n
+    return extracted
