@@ -70,3 +70,39 @@ def ask(browser, wait, question: str) -> str:
 @pytest.fixture
 def store_dir(tmp_path):
     return tmp_path / "store"
+
+
+def test_a_pdf_dropped_on_the_page_is_answered_with_its_evidence_and_pages(store_dir, browser):
+    """A real drop event carrying the PDF (a File in a DataTransfer, as the browser makes it when a file is
+    dragged in) is uploaded as it is; the answer shows the library's evidence with document and page."""
+    import base64
+    from pathlib import Path
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from reform.documents import extract_bytes
+    pdf = (Path(__file__).parent / "data" / "documents" / "book.pdf").read_bytes()
+    question = "What number was engraved on the silver medal?"
+    expected = make_pipe().encode(extract_bytes(pdf, "book.pdf")).ask(question, max_new_tokens=10)
+    with LiveServer(make_pipe(), store_dir) as server:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda d: d.find_element(By.ID, "model").text)
+        browser.execute_script("""
+            const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0));
+            const data = new DataTransfer();
+            data.items.add(new File([bytes], "book.pdf", {type: "application/pdf"}));
+            const drop = document.getElementById("drop");
+            for (const type of ["dragover", "drop"])
+              drop.dispatchEvent(new DragEvent(type, {dataTransfer: data, bubbles: true, cancelable: true}));
+        """, base64.b64encode(pdf).decode())
+        assert browser.find_element(By.ID, "file-name").text.startswith("book.pdf")
+        browser.find_element(By.ID, "upload").click()
+        wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state") in ("ready", "failed"))
+        assert browser.find_element(By.ID, "upload-status").text.startswith("ready")
+        assert ask(browser, wait, question) == expected.text
+        shown = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#log .evidence li .where"))
+        top = expected.evidence[0]
+        pages = f"page {top.page}" if top.page_end == top.page else f"pages {top.page}-{top.page_end}"
+        assert shown[0].text == f"book.pdf · {pages}" and len(shown) == min(3, len(expected.evidence))

@@ -16,6 +16,7 @@ from .engine.layout import Templater, as_tensor
 from .heads import find_preset
 from .methods import REGISTRY, Answer, Context, Method
 from .documents.evidence import Source
+from .documents.extracted import Extracted
 from .methods.checkpoint import Checkpoint
 from .methods.full import QuestionAlone
 from .methods.options import options_from_json, options_json
@@ -102,7 +103,8 @@ class Pipeline:
             self._identity = model_identity(self)
         return self._identity
 
-    def context_key(self, ids: torch.Tensor, method: Method | None = None, image_rows: torch.Tensor | None = None) -> str:
+    def context_key(self, ids: torch.Tensor, method: Method | None = None, image_rows: torch.Tensor | None = None,
+                    document: Extracted | None = None) -> str:
         """Content address of the context ``ids`` (and the image rows its ids past the vocabulary stand
         for) would encode to: same model, method options and input, same key (the store names files by
         it, so a document is encoded once)."""
@@ -111,6 +113,8 @@ class Pipeline:
         content = [ids_sha256(ids)]
         if image_rows is not None:
             content.append(hashlib.sha256(image_rows.detach().float().cpu().numpy().tobytes()).hexdigest())
+        if document is not None and (digest := document.digest()) is not None:
+            content.append(digest)     # the same text from two documents: two maps, two contexts
         blob = json.dumps([ident, method.name, options_json(method.config), *content], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 

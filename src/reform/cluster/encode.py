@@ -60,7 +60,7 @@ class DocumentEncoder:
         try:
             doc = extract_bytes(read_bytes(document), document)
             ids, _, source = self.pipe.tokenize(doc)
-            key = self.pipe.context_key(ids)
+            key = self.pipe.context_key(ids, document=doc)
             if (stored := self.store.get(key)) is not None:
                 return EncodeResult(document, "stored", key, int(ids.shape[0]), bytes=stored.bytes)
             if report is not None:

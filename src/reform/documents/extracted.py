@@ -58,6 +58,15 @@ class Extracted:
     def plain(cls, text: str, document: str = "text") -> "Extracted":
         return cls(text, [Mark(0, document)], "text")
 
+    def digest(self) -> str | None:
+        """What tells this document's map apart from plain text's (None for ``plain`` text, whose contexts
+        are named by their text alone): its kind and marks, for content keys."""
+        if self.kind == "text" and [(m.document, m.page, m.section) for m in self.marks] == [("text", None, None)]:
+            return None
+        import hashlib
+        import json
+        return hashlib.sha256(json.dumps([self.kind, [list(m.__dict__.values()) for m in self.marks]]).encode()).hexdigest()
+
     def mark_at(self, offset: int) -> Mark:
         return self.marks[max(0, bisect.bisect_right(self._mark_starts, offset) - 1)]
 

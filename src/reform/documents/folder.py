@@ -15,28 +15,39 @@ def relative_name(location: str, base: str) -> str:
 
 
 def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
+    """The documents at ``documents`` (locations ``find_documents`` gave for ``source``) as one context."""
     from pathlib import Path
 
     from . import DocumentError, UnsupportedDocument, extract_bytes, read_bytes
-    from .text import code_language
     if len(documents) > limits.max_files:
         raise DocumentError(f"{source} holds {len(documents)} documents, over the limit of {limits.max_files}")
     base = source if "://" in source else str(Path(source).expanduser().absolute())
     if Path(base).is_file():
         base = str(Path(base).parent)
-    pieces, marks, size, pages, skipped = [], [], 0, 0, []
+    named, skipped = [], []
     for location in documents:
         name = relative_name(location, base)
         try:
-            doc = extract_bytes(read_bytes(location), name, limits)
+            named.append((name, extract_bytes(read_bytes(location), name, limits)))
         except UnsupportedDocument as e:
             skipped.append((name, str(e)))
-            continue
         except DocumentError as e:
-            if "is empty" in str(e):
-                skipped.append((name, str(e)))
-                continue
-            raise
+            if "is empty" not in str(e):
+                raise
+            skipped.append((name, str(e)))
+    if not named:
+        why = "; ".join(f"{n}: {w}" for n, w in skipped[:3])
+        raise DocumentError(f"no document in {source} that reform reads" + (f" ({why})" if why else ""))
+    joined = join(named)
+    joined.skipped = skipped
+    return joined
+
+
+def join(named: list[tuple[str, Extracted]]) -> Extracted:
+    """Extracted documents as one: each under a ``### name`` header line, source code fenced."""
+    from .text import code_language
+    pieces, marks, size, pages = [], [], 0, 0
+    for name, doc in named:
         language = code_language(name)
         header = f"### {name}\n\n" + (f"```{language}\n" if language else "")
         footer = "\n```" if language else ""
@@ -50,7 +61,4 @@ def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
                   if m.start > 0 or m.page is not None or m.section is not None]
         size = body + len(doc.text) + len(footer)
         pages += doc.pages
-    if not pieces:
-        why = "; ".join(f"{n}: {w}" for n, w in skipped[:3])
-        raise DocumentError(f"no document in {source} that reform reads" + (f" ({why})" if why else ""))
-    return Extracted("".join(pieces), marks, "folder", pages, skipped)
+    return Extracted("".join(pieces), marks, "folder", pages)

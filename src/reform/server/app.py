@@ -31,11 +31,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.sampling import Sampling
 from .admission import BodyLimit, Guard, Waiting, body_bytes, still_wanted
-from .openai_schema import ApiError, ChatRequest, Conversation
+from ..documents import Extracted
+from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
 from .service import ChatJob, Keys, Service, Settings
 from .worker import Cancelled, Worker
 
@@ -43,11 +45,13 @@ __all__ = ["Keys", "Service", "Settings", "create_app"]
 
 
 # ---------------------------------------------------------------------- request bodies
-async def upload_text(request: Request, limit: int) -> str:
-    """The one document of a ``POST /v1/contexts`` body: JSON ``{"text": ...}``, one multipart ``file`` or
-    form field ``text``, or the body itself; UTF-8, not binary, not empty."""
-    kind = request.headers.get("content-type", "")
-    if kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+async def upload_document(request: Request, service: Service) -> Extracted:
+    """The one document of a ``POST /v1/contexts`` body: a multipart ``file`` of any supported type (PDF,
+    DOCX, HTML, EPUB, Markdown, text, code), a form field ``text``, JSON ``{"text": ...}``, or the body itself
+    (its ``Content-Type`` says what it is: ``application/pdf``, ``text/plain`` ...)."""
+    limit = service.settings.max_body_bytes
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form(max_part_size=limit)
         items = form.getlist("file") + form.getlist("text")
         if len(items) != 1:       # several documents in one upload: which one was meant is unknowable
@@ -55,34 +59,32 @@ async def upload_text(request: Request, limit: int) -> str:
                            (f" (got {len(items)}); upload each document on its own" if items else ""),
                            param="file")
         item = items[0]
-        data = await item.read() if hasattr(item, "read") else item.encode()
-    else:
-        raw = await body_bytes(request, limit)
-        if kind.startswith("application/json"):
-            try:
-                payload = json.loads(raw)
-            except (ValueError, RecursionError):        # RecursionError: nested past Python's limit
-                raise ApiError(400, "the body is not valid JSON") from None
-            if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
-                raise ApiError(400, "send {\"text\": \"...\"} (or a multipart 'file')", param="text")
-            if unknown := sorted(set(payload) - {"text"}):       # as the chat endpoint: nothing ignored
-                raise ApiError(400, f"unknown field {unknown[0]!r}: send {{\"text\": \"...\"}}", param=unknown[0])
-            try:
-                data = payload["text"].encode()
-            except UnicodeEncodeError as e:              # JSON may escape a lone surrogate (\ud800)
-                raise ApiError(400, f"the text is not valid Unicode (a lone surrogate at character {e.start})",
-                               param="text") from None
-        else:
-            data = raw        # text/plain or anything else: the body is the text
-    if b"\x00" in data[:1 << 20]:
-        raise ApiError(400, "the context looks binary (it contains NUL bytes); send UTF-8 text", param="file")
+        if not hasattr(item, "read"):
+            return plain_text(item)
+        return await service.extract(await item.read(), item.filename or "the upload")
+    raw = await body_bytes(request, limit)
+    if kind == "application/json":
+        try:
+            payload = json.loads(raw)
+        except (ValueError, RecursionError):        # RecursionError: nested past Python's limit
+            raise ApiError(400, "the body is not valid JSON") from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
+            raise ApiError(400, "send {\"text\": \"...\"} (or a multipart 'file')", param="text")
+        if unknown := sorted(set(payload) - {"text"}):       # as the chat endpoint: nothing ignored
+            raise ApiError(400, f"unknown field {unknown[0]!r}: send {{\"text\": \"...\"}}", param=unknown[0])
+        return plain_text(payload["text"])
+    return await service.extract(raw, "the upload" + MEDIA_SUFFIX.get(kind, ""))
+
+
+def plain_text(text: str) -> Extracted:
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ApiError(400, f"the context is not valid UTF-8 (byte {e.start})", param="file") from None
+        text.encode()
+    except UnicodeEncodeError as e:              # JSON may escape a lone surrogate (\ud800)
+        raise ApiError(400, f"the text is not valid Unicode (a lone surrogate at character {e.start})",
+                       param="text") from None
     if not text.strip():
         raise ApiError(400, "the context is empty", param="text")
-    return text
+    return Extracted.plain(text)
 
 
 async def chat_request(request: Request, limit: int) -> ChatRequest:
@@ -109,7 +111,9 @@ class Completion:
                 "total_tokens": answer.input_tokens + len(answer.tokens)}
 
     def extension(self, answer, encoded: bool) -> dict:
-        return {"context_id": self.key, "encoded": encoded, "stats": answer.stats}
+        return {"context_id": self.key, "encoded": encoded, "stats": answer.stats,
+                "evidence": [p.to_json() for p in answer.evidence],
+                **({"evidence_note": answer.evidence_note} if answer.evidence_note else {})}
 
     def whole(self, answer, encoded: bool) -> dict:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model_id,
@@ -186,6 +190,12 @@ async def chat(request: Request):
     if conv.parts is not None:      # images: the conversation is encoded as it is, in the job (not stored)
         await service.check_images(conv.parts, req.context_id)
         key, text, question = None, None, conv.question
+    elif conv.files:                # documents: they and the earlier messages are the context, stored by content
+        if req.context_id is not None:
+            raise ApiError(400, "files cannot be sent with a context_id; send the documents in the messages",
+                           param="context_id")
+        text = await service.document_of(conv)
+        key, question = (await service.key_of(text))[0], conv.question
     else:
         key, text, question = await service.plan(conv, req.context_id)
     tokens = 0 if text is None else (await service.key_of(text))[1]
@@ -219,7 +229,7 @@ async def create_context(request: Request):
     service = service_of(request)
     settings = service.settings
     deadline = asyncio.get_running_loop().time() + settings.request_timeout
-    text = await upload_text(request, settings.max_body_bytes)
+    text = await upload_document(request, service)
     key, n = await service.key_of(text)
     if service.worker.has(key) or service.encoding_elsewhere(key):   # (another replica's encode is not repeated)
         s = service.status_of(key)
@@ -250,6 +260,52 @@ async def delete_context(key: str, request: Request):
     if not worker.store.valid_key(key) or not worker.forget(key):
         raise ApiError(404, f"context {key} not found", code="context_not_found")
     return {"id": key, "object": "context.deleted", "deleted": True}
+
+
+# ---------------------------------------------------------------------- files
+@router.post("/v1/files")
+async def create_file(request: Request):
+    """A document uploaded once (multipart ``file`` and ``purpose``, as ``client.files.create`` sends it),
+    checked to be one reform reads, then named in chats by its ``file_id``."""
+    service = service_of(request)
+    form = await request.form(max_part_size=service.settings.max_body_bytes)
+    files, purpose = form.getlist("file"), form.get("purpose")
+    if len(files) != 1 or not hasattr(files[0], "read"):
+        raise ApiError(400, "send one multipart 'file' (and a 'purpose')", param="file")
+    if not isinstance(purpose, str) or not purpose:
+        raise ApiError(400, "a 'purpose' is required (user_data, assistants, ...)", param="purpose")
+    data, filename = await files[0].read(), files[0].filename or "the upload"
+    await service.extract(data, filename)               # refused now, not at the first chat that names it
+    return await run_in_threadpool(service.files.create, data, filename, purpose)
+
+
+@router.get("/v1/files")
+async def list_files(request: Request):
+    return {"object": "list", "data": await run_in_threadpool(service_of(request).files.all), "has_more": False}
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(file_id: str, request: Request):
+    try:
+        return await run_in_threadpool(service_of(request).files.get, file_id)
+    except KeyError:
+        raise ApiError(404, f"file {file_id} not found", code="file_not_found") from None
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request):
+    try:
+        data, _ = await run_in_threadpool(service_of(request).files.content, file_id)
+    except KeyError:
+        raise ApiError(404, f"file {file_id} not found", code="file_not_found") from None
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, request: Request):
+    if not await run_in_threadpool(service_of(request).files.delete, file_id):
+        raise ApiError(404, f"file {file_id} not found", code="file_not_found")
+    return {"id": file_id, "object": "file", "deleted": True}
 
 
 # ---------------------------------------------------------------------- models, health

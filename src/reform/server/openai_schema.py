@@ -60,9 +60,12 @@ class Message(BaseModel):
                 parts.append(image_bytes(part.get("image_url")))
             elif part.get("type") == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
+            elif part.get("type") == "file":
+                parts.append(file_part(part.get("file")))
             else:
-                raise ApiError(400, f"message content of type '{part.get('type')}' is not supported; send text "
-                                    "(or image_url parts to a vision-language model)", param="messages")
+                raise ApiError(400, f"message content of type '{part.get('type')}' is not supported; send text, "
+                                    "file parts (documents) or image_url parts (to a vision-language model)",
+                               param="messages")
         return parts
 
     def text(self) -> str:
@@ -71,6 +74,48 @@ class Message(BaseModel):
 
     def has_images(self) -> bool:
         return isinstance(self.content, list) and any(p.get("type") == "image_url" for p in self.content)
+
+    def files(self) -> list["FilePart"]:
+        return [p for p in self.parts() if isinstance(p, FilePart)]
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """An OpenAI ``file`` content part: the document's bytes (``file_data``) or a ``file_id`` of /v1/files."""
+
+    data: bytes | None
+    file_id: str | None
+    filename: str
+
+
+MEDIA_SUFFIX = {"application/pdf": ".pdf", "text/html": ".html", "application/epub+zip": ".epub", "text/markdown": ".md",
+                "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx", "text/plain": ".txt"}
+
+
+def file_part(file) -> FilePart:
+    """The document of a ``{"type": "file", "file": {...}}`` part: ``file_data`` as a base64 data URL
+    (``data:application/pdf;base64,...``) or plain base64, with ``filename``; or ``file_id``."""
+    if not isinstance(file, dict):
+        raise ApiError(400, "a file part needs a 'file' object with file_data (and filename) or file_id",
+                       param="messages")
+    if isinstance(file.get("file_id"), str) and file["file_id"]:
+        return FilePart(None, file["file_id"], file.get("filename") or file["file_id"])
+    data = file.get("file_data")
+    if not isinstance(data, str) or not data:
+        raise ApiError(400, "a file part needs file.file_data (a base64 data URL) or file.file_id", param="messages")
+    media = ""
+    if data.startswith("data:"):
+        header, _, data = data.partition(",")
+        if not header.endswith(";base64"):
+            raise ApiError(400, "file_data must be base64-encoded (data:application/pdf;base64,...)", param="messages")
+        media = header[len("data:"):-len(";base64")]
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "file_data is not valid base64", param="messages") from None
+    filename = file.get("filename") if isinstance(file.get("filename"), str) and file.get("filename") else \
+        "document" + MEDIA_SUFFIX.get(media, "")
+    return FilePart(raw, None, filename)
 
 
 def image_bytes(image_url) -> bytes:
@@ -155,6 +200,7 @@ class Conversation:
     # with images anywhere: the whole context as text and image parts in order (every earlier message,
     # then the question's own images), encoded as it is (``Pipeline.encode``); None for text alone
     parts: list[str | bytes] | None = None
+    files: list[FilePart] | None = None     # documents sent as file parts, in order (the context, with ``earlier``)
 
     @classmethod
     def of(cls, messages: list[Message]) -> "Conversation":
@@ -165,6 +211,10 @@ class Conversation:
             raise ApiError(400, "the last user message (the question) is empty", param="messages")
         earlier = [(m.role, m.text()) for m in messages[:-1]]
         parts = None
+        files = [f for m in messages for f in m.files()]
+        if files and any(m.has_images() for m in messages):
+            raise ApiError(400, "files and images in one conversation are not supported: send the document's "
+                                "text or the images", param="messages")
         if any(m.has_images() for m in messages):
             parts = []
             for m in messages[:-1]:
@@ -173,7 +223,7 @@ class Conversation:
                     parts += ([SEPARATOR] if parts else []) + content
             images = [p for p in messages[-1].parts() if isinstance(p, bytes)]
             parts += ([SEPARATOR] if parts and images else []) + images
-        return cls([(r, t) for r, t in earlier if t.strip()], question, parts)
+        return cls([(r, t) for r, t in earlier if t.strip()], question, parts, files or None)
 
 
 SEPARATOR = "\n\n"    # between messages in a context (``context_text``)

@@ -12,12 +12,15 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.concurrency import run_in_threadpool
 
+from ..documents import DocumentError, Extracted, Limits, UnsupportedDocument, extract_bytes
+from ..documents.folder import join
 from ..engine.layout import as_tensor
 from .admission import Line
+from .files import FileStore
 from .metrics import Metrics
 from .openai_schema import ApiError, Conversation, context_text, history_question
 from .worker import ContextStatus, QueueFull, Worker
@@ -33,6 +36,7 @@ class Settings:
     model_id: str | None = None             # the name /v1/models lists (default: the pipeline's model name)
     allowed_origins: tuple[str, ...] = ()   # CORS: web origins whose pages may call the API ("*": any)
     max_waiting: int = 256                  # requests waiting in line for a queue place; 503 beyond
+    limits: Limits = field(default_factory=Limits)   # what extracting one uploaded document may cost
 
 
 class Keys:
@@ -56,17 +60,20 @@ class Keys:
             self.local.templater = templater
         return self.local.templater
 
-    def of(self, text: str, limit: int | None = None) -> tuple[str, int]:
-        """``(key, tokens)`` of the context ``text`` would encode to; past ``limit`` tokens, ``(None, n)``
-        with n > limit as soon as the count passes it (a 50 MB text is not tokenised whole to refuse it)."""
-        digest = hashlib.sha256(text.encode()).hexdigest()
+    def of(self, content: str | Extracted, limit: int | None = None) -> tuple[str, int]:
+        """``(key, tokens)`` of the context ``content`` (text or an extracted document) would encode to; past
+        ``limit`` tokens, ``(None, n)`` with n > limit as soon as the count passes it (a 50 MB text is not
+        tokenised whole to refuse it)."""
+        document = content if isinstance(content, Extracted) else None
+        text = content.text if document is not None else content
+        digest = hashlib.sha256(text.encode() + ((document.digest() or "") if document else "").encode()).hexdigest()
         with self.lock:
             if digest in self.memo:
                 return self.memo[digest]
         if limit is not None and (n := self.count_up_to(text, limit)) > limit:
             return None, n
         ids = self.templater.context(text)
-        found = (self.pipe.context_key(as_tensor(ids, "cpu")), len(ids))
+        found = (self.pipe.context_key(as_tensor(ids, "cpu"), document=document), len(ids))
         with self.lock:
             self.memo[digest] = found
         return found
@@ -99,16 +106,43 @@ class Service:
         self.name = f"{socket.gethostname()}/{os.getpid()}"
         self.line = Line(settings.max_waiting)
         self.metrics = Metrics(worker, self.line)
+        self.files = FileStore(worker.store)
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
+
+    async def extract(self, data: bytes, filename: str) -> Extracted:
+        """A document's bytes as text with its map (off the event loop); 415 for a type reform does not
+        read, 413 past an extraction limit, 400 for a damaged or empty file."""
+        try:
+            return await run_in_threadpool(extract_bytes, data, filename, self.settings.limits)
+        except DocumentError as e:
+            raise document_error(e) from None
+
+    async def document_of(self, conv: Conversation) -> Extracted:
+        """The context of a chat with file parts: the earlier messages' text (if any) and each file, in order,
+        one document each; a single file alone is that document."""
+        named = [("messages", Extracted.plain(context_text(conv.earlier), "messages"))] if conv.earlier else []
+        for part in conv.files:
+            if part.file_id is not None:
+                try:
+                    data, filename = await run_in_threadpool(self.files.content, part.file_id)
+                except KeyError:
+                    raise ApiError(404, f"file {part.file_id} not found", param="messages",
+                                   code="file_not_found") from None
+            else:
+                data, filename = part.data, part.filename
+            named.append((filename, await self.extract(data, filename)))
+        if len(named) == 1 and conv.files:
+            return named[0][1]
+        return join(named)
 
     def check_model(self, name: str) -> None:
         if name not in self.served_names:
             raise ApiError(404, f"model '{name}' is not served here; this server serves '{self.model_id}'",
                            param="model", code="model_not_found")
 
-    async def key_of(self, text: str) -> tuple[str, int]:
-        """``(content key, tokens)`` of a context text; 413 past the token limit."""
+    async def key_of(self, text: str | Extracted) -> tuple[str, int]:
+        """``(content key, tokens)`` of a context text or document; 413 past the token limit."""
         key, n = await run_in_threadpool(self.keys.of, text, self.settings.max_context_tokens)
         if key is None or n > self.settings.max_context_tokens:
             raise ApiError(413, f"the context has {'at least ' if key is None else ''}{n} tokens, over this "
@@ -246,3 +280,12 @@ class ChatJob:
     def done_waiting(self) -> None:
         while self.watched:
             self.service.worker.unwatch(self.watched.pop())
+
+
+def document_error(e: DocumentError) -> ApiError:
+    """A document reform cannot take, as the HTTP error it deserves."""
+    if isinstance(e, UnsupportedDocument):
+        return ApiError(415, str(e), param="file", code="unsupported_media_type")
+    if "over the limit" in str(e) or "longer than" in str(e) or "past the limit" in str(e):
+        return ApiError(413, str(e), param="file", code="document_too_large")
+    return ApiError(400, str(e), param="file", code="invalid_document")

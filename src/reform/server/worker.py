@@ -277,7 +277,7 @@ class Worker:
         if status is None:
             status = self.status[key] = ContextStatus(key, "queued", 0, method=self.pipe.method.name)
         status.status, status.error, status.tokens_encoded = "encoding", None, 0
-        status.tokens = int(self.pipe.tokenize_context(text).shape[0])
+        status.tokens = int(self.pipe.tokenize(text).ids.shape[0])
 
         self.publish(key)
         last = [time.monotonic()]

@@ -57,13 +57,30 @@ async function refresh() {
   }));
 }
 
+let droppedFile = null;      // a document dropped or chosen: sent as it is (multipart), the server extracts it
+
+function setFile(file) {
+  droppedFile = file;
+  $("file-row").hidden = !file;
+  $("file-name").textContent = file ? `${file.name} (${size(file.size)})` : "";
+  $("document").disabled = !!file;
+}
+
 async function upload() {
   const text = $("document").value;
   const status = $("upload-status"), bar = $("progress");
-  if (!text.trim()) { status.textContent = "the document is empty"; return; }
+  if (!droppedFile && !text.trim()) { status.textContent = "the document is empty"; return; }
   $("upload").disabled = true;
   try {
-    let c = await api("/v1/contexts", {method: "POST", body: JSON.stringify({text})});
+    let body;
+    if (droppedFile) { body = new FormData(); body.append("file", droppedFile, droppedFile.name); }
+    let c = droppedFile
+      ? await fetch("/v1/contexts", {method: "POST", headers: headers(false), body}).then(async (r) => {
+          const j = await r.json().catch(() => ({}));
+          if (!r.ok) throw new Error((j.error && j.error.message) || r.status + " " + r.statusText);
+          return j;
+        })
+      : await api("/v1/contexts", {method: "POST", body: JSON.stringify({text})});
     bar.hidden = false;
     while (c.status === "queued" || c.status === "encoding") {
       bar.value = c.tokens ? c.tokens_encoded / c.tokens : 0;
@@ -115,6 +132,7 @@ async function ask() {
         const chunk = JSON.parse(event.slice(6));
         if (chunk.error) throw new Error(chunk.error.message);
         for (const c of chunk.choices || []) a.textContent += (c.delta && c.delta.content) || "";
+        if (chunk.reform) showEvidence(a, chunk.reform);
       }
     }
     a.dataset.state = "done";
@@ -127,10 +145,28 @@ async function ask() {
   }
 }
 
-function readFile(file) {
-  const reader = new FileReader();
-  reader.onload = () => { $("document").value = reader.result; };
-  reader.readAsText(file);
+// The passages the answer was recomputed from, with document and page (or section and line), best first.
+function showEvidence(answer, reform) {
+  const list = document.createElement("ol");
+  list.className = "evidence";
+  for (const p of (reform.evidence || []).slice(0, 3)) {
+    const li = document.createElement("li");
+    const where = document.createElement("div");
+    where.className = "where";
+    const pages = p.page == null ? `line ${p.line}` : (p.page_end && p.page_end !== p.page ? `pages ${p.page}-${p.page_end}` : `page ${p.page}`);
+    where.textContent = [p.document, pages, p.section].filter(Boolean).join(" · ");
+    const text = document.createElement("div");
+    const words = p.text.replace(/\s+/g, " ");
+    text.textContent = words.length > 320 ? words.slice(0, 200) + " … " + words.slice(-100) : words;
+    li.append(where, text);
+    list.append(li);
+  }
+  if (list.children.length) {
+    const title = document.createElement("div");
+    title.className = "muted evidence-title";
+    title.textContent = "Evidence";
+    answer.after(title, list);
+  }
 }
 
 $("upload").onclick = upload;
@@ -143,8 +179,10 @@ drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.ad
 drop.addEventListener("dragleave", () => drop.classList.remove("over"));
 drop.addEventListener("drop", (e) => {
   e.preventDefault(); drop.classList.remove("over");
-  if (e.dataTransfer.files.length) readFile(e.dataTransfer.files[0]);
+  if (e.dataTransfer.files.length) setFile(e.dataTransfer.files[0]);
 });
+$("file").addEventListener("change", () => { if ($("file").files.length) setFile($("file").files[0]); });
+$("clear-file").onclick = () => { $("file").value = ""; setFile(null); };
 fetch("/v1/models", {headers: headers(false)}).then((r) => r.json()).then((m) => {
   if (m.data) $("model").textContent = m.data[0].id + " · " + m.data[0].method;
 }).catch(() => {});
