@@ -23,7 +23,7 @@ def text_file(tmp_path):
     (b"", "is empty"),
     (b"   \n\n", "is empty"),
     (b"abc\x00\x01\x02binary", "looks binary"),
-    (b"caf\xe9 au lait", "not valid UTF-8"),
+    (b"%PDF-1.7\n" + b"0" * 64, "not a readable PDF"),
 ])
 def test_bad_files(tmp_path, content, msg):
     p = tmp_path / "f.txt"
@@ -35,8 +35,8 @@ def test_bad_files(tmp_path, content, msg):
 def test_missing_file_and_directory(tmp_path):
     r = run("ask", str(tmp_path / "nope.txt"), "-q", "What?")
     assert r.exit_code == 2 and "file not found" in r.output
-    r = run("ask", str(tmp_path), "-q", "What?")
-    assert r.exit_code == 2 and "is a directory" in r.output
+    r = run("ask", str(tmp_path), "-q", "What?")          # a folder is one context: this one holds none
+    assert r.exit_code == 2 and "no documents in" in r.output
 
 
 def test_missing_question(text_file):
@@ -156,5 +156,5 @@ def test_encode_corpus_in_one_process_skips_stored_and_reports_failures(tiny_mod
     again = json.loads(r.stdout)
     assert r.exit_code == 1 and (again["encoded"], again["stored"], again["failed"]) == (0, 2, 1)
     assert [x["error"] for x in again["results"] if x["status"] == "failed"][0].endswith("looks binary (it contains "
-                                                                                         "NUL bytes); give a UTF-8 "
-                                                                                         "text file")
+                                                                                         "NUL bytes) and is no format "
+                                                                                         "reform reads")

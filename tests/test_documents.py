@@ -46,6 +46,9 @@ def test_running_lines_are_those_on_most_pages_with_numbers_folded():
               f"more of page {'abcdefghi'[i - 1]}", f"Page {i} of 9"] for i in range(1, 10)]
     assert running_lines(pages) == {"manual #", "page # of #"}
     assert running_lines(pages[:2]) == set()                            # too few pages to tell
+    chapters = [[f"Chapter {1 + i // 5}: {'AB'[i // 5]}", f"text {w}", f"more {w}", f"end {w}", "x"]
+                for i, w in enumerate("abcdefghij")]
+    assert running_lines(chapters) == {"chapter #: a", "chapter #: b", "x"}
 
 
 def test_docx_paragraphs_headings_and_tables_in_order():

@@ -94,6 +94,7 @@ def test_written_files_are_atomic(tmp_path):
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+@pytest.mark.filterwarnings("ignore::reform.notes.PlainPromptWarning")  # a tiny model named SmolLM2, no template
 def test_preset_budget_kept_when_heads_are_given(tmp_path):
     model = tiny(window=8192)
     pick = lambda **kw: Pipeline(model, CharTokenizer(), model_name=SMOLLM2, **kw).method.config.recompute_budget

@@ -59,6 +59,7 @@ def write_corpus(folder, n):
 
 
 def test_corpus_on_ray_answers_like_in_process_and_skips_stored(cluster, load, local_pipe, tmp_path):
+    from reform.documents import extract
     docs = write_corpus(tmp_path / "corpus", 4)
     (tmp_path / "corpus" / "broken.txt").write_bytes(b"\x00\x01binary")
     docs.append(str(tmp_path / "corpus" / "broken.txt"))
@@ -75,7 +76,8 @@ def test_corpus_on_ray_answers_like_in_process_and_skips_stored(cluster, load, l
         text = open(path).read()
         result = by_doc[path]
         assert result.status == "encoded" and result.tokens == local_pipe.tokenize_context(text).shape[0]
-        assert result.key == local_pipe.context_key(local_pipe.tokenize_context(text))
+        # named by content and by its map (the file's name is in the evidence of its answers)
+        assert result.key == local_pipe.context_key(local_pipe.tokenize_context(text), document=extract(path))
         with store.open_local(result.key) as file:
             from_cluster = local_pipe.load_context(file).ask(QUESTION, max_new_tokens=8)
         here = local_pipe.encode(text).ask(QUESTION, max_new_tokens=8)
@@ -121,7 +123,8 @@ def test_one_document_split_over_workers_answers_like_in_process(cluster, load, 
     assert result.status == "encoded"
     pipe = load_pipeline(split)
     here = pipe.encode(doc.read_text())
-    assert result.key == pipe.context_key(here.ids)
+    from reform.documents import extract
+    assert result.key == pipe.context_key(here.ids, document=extract(str(doc)))
     with ContextStore(str(tmp_path / "store")).open_local(result.key) as file:
         there = pipe.load_context(file)
     torch.testing.assert_close(there.state.data, here.state.data, atol=2e-3, rtol=0)   # 1 vs 2 threads

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import re
-from collections import Counter
 
 from .extracted import Builder, Extracted, Limits
 
@@ -105,15 +104,16 @@ def _normalised(line: str) -> str:
 
 
 def running_lines(pages: list[list[str]]) -> set[str]:
-    """Normalised lines (digits as ``#``: "Page 12 of 300") found among the first or last ``EDGE_LINES``
-    lines of at least half the pages (and of three or more): headers and footers, not content."""
-    if len(pages) < 3:
-        return set()
-    seen = Counter()
-    for lines in pages:
-        edges = [l for l in lines if l.strip()]
-        seen.update({_normalised(l) for l in edges[:EDGE_LINES] + edges[-EDGE_LINES:]})
-    return {line for line, n in seen.items() if line and n >= max(3, len(pages) // 2)}
+    """Normalised lines (digits as ``#``: "Page 12 of 300") that are running headers or footers: among the
+    first or last ``EDGE_LINES`` lines of three or more pages, and of at least half the pages from the first
+    to the last of them (a chapter's own header runs over that chapter's pages only)."""
+    where: dict[str, list[int]] = {}
+    for i, lines in enumerate(pages):
+        edges = [line for line in lines if line.strip()]
+        for line in {_normalised(x) for x in edges[:EDGE_LINES] + edges[-EDGE_LINES:]}:
+            if line:
+                where.setdefault(line, []).append(i)
+    return {line for line, at in where.items() if len(at) >= 3 and len(at) >= (at[-1] - at[0] + 1) / 2}
 
 
 def _build(name: str, limits: Limits, texts: list[str], outline: list[tuple[int, str]], n: int) -> Extracted:

@@ -1,0 +1,102 @@
+"""Questions about a real book, with known pages: does the answer hold the answer, and is the gold page
+among the top-3 passages of its evidence? For each method the book is extracted and encoded once, then
+every question is asked; rows are written to OUT/results.jsonl as they finish, and a re-run skips those done
+(so a long run goes in pieces). OUT/results.md is the table; OUT/extraction.json times both PDF libraries.
+
+    python scripts/book_questions.py --book book.pdf --questions questions.json --model smollm2 \\
+        --methods reform,rag-bm25,rag-dense --out docs/results/documents-debian-reference/smollm2
+
+``questions.json``: ``[{"id": ..., "question": ..., "answers": [...], "page": N}, ...]``; a question is
+answered when the answer contains one of ``answers`` (case-insensitive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def extraction_times(book: Path) -> dict:
+    """Seconds per page of each PDF library on ``book`` (text layer only, the same pages)."""
+    from reform.documents.extracted import Limits
+    from reform.documents.pdf import _pages_pdfium, _pages_pypdf
+    data, out = book.read_bytes(), {}
+    for name, pages in (("pypdfium2", _pages_pdfium), ("pypdf", _pages_pypdf)):
+        t = time.perf_counter()
+        texts, _, n = pages(data, book.name, Limits())
+        seconds = time.perf_counter() - t
+        out[name] = {"pages": n, "seconds": round(seconds, 3), "ms_per_page": round(1000 * seconds / n, 2),
+                     "characters": sum(len(x) for x in texts)}
+    return out
+
+
+def gold_in(evidence: list, page: int, top: int = 3) -> bool:
+    return any(p.page is not None and p.page <= page <= (p.page_end or p.page) for p in evidence[:top])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--book", type=Path, required=True)
+    ap.add_argument("--questions", type=Path, required=True)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--methods", default="reform,rag-bm25,rag-dense")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    from reform import Pipeline
+    from reform.documents import extract
+    from reform.machine import machine_info
+    args.out.mkdir(parents=True, exist_ok=True)
+    questions = json.loads(args.questions.read_text())
+    rows_path = args.out / "results.jsonl"
+    done = {(r["method"], r["id"]) for r in map(json.loads, rows_path.read_text().splitlines())} \
+        if rows_path.exists() else set()
+    if not (args.out / "extraction.json").exists():
+        (args.out / "extraction.json").write_text(json.dumps(extraction_times(args.book), indent=1))
+    t = time.perf_counter()
+    book = extract(args.book)
+    extract_s = time.perf_counter() - t
+    for method in args.methods.split(","):
+        todo = [q for q in questions if (method, q["id"]) not in done]
+        if not todo:
+            continue
+        pipe = Pipeline.load(args.model, method=method, dtype=args.dtype)
+        t = time.perf_counter()
+        ctx = pipe.encode(book)
+        encode_s = time.perf_counter() - t
+        for q in todo:
+            t = time.perf_counter()
+            answer = ctx.ask(q["question"], max_new_tokens=args.max_new_tokens)
+            row = {"method": method, "id": q["id"], "question": q["question"], "page": q["page"],
+                   "answer": answer.text, "answered": any(a.lower() in answer.text.lower() for a in q["answers"]),
+                   "gold_page_in_top3": gold_in(answer.evidence, q["page"]),
+                   "top3": [[p.page, p.page_end, p.score] for p in answer.evidence[:3]],
+                   "recomputed_tokens": answer.stats.get("recomputed_tokens"), "ask_s": round(time.perf_counter() - t, 2),
+                   "encode_s": round(encode_s, 1), "extract_s": round(extract_s, 2), "tokens": int(ctx.ids.shape[0]),
+                   "pages": book.pages, "model": pipe.model_name,
+                   "dtype": str(pipe.engine.dtype).removeprefix("torch."), "machine": machine_info(pipe.engine.device)}
+            with rows_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps({k: row[k] for k in ("method", "id", "answered", "gold_page_in_top3", "answer")}), flush=True)
+    report(args.out)
+
+
+def report(out: Path) -> None:
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    lines = ["| method | questions | answered | gold page in the top-3 passages | encode s | tokens | pages |",
+             "|---|---|---|---|---|---|---|"]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        rs = [r for r in rows if r["method"] == method]
+        lines.append(f"| {method} | {len(rs)} | {sum(r['answered'] for r in rs)} / {len(rs)} | "
+                     f"{sum(r['gold_page_in_top3'] for r in rs)} / {len(rs)} | {rs[0]['encode_s']} | "
+                     f"{rs[0]['tokens']:,} | {rs[0]['pages']} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
