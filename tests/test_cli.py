@@ -158,3 +158,28 @@ def test_encode_corpus_in_one_process_skips_stored_and_reports_failures(tiny_mod
     assert [x["error"] for x in again["results"] if x["status"] == "failed"][0].endswith("looks binary (it contains "
                                                                                          "NUL bytes) and is no format "
                                                                                          "reform reads")
+
+
+def test_documents_through_ask_and_encode_with_their_evidence(tiny_model_dir, tmp_path):
+    """`reform ask book.pdf --evidence 3` prints passages with pages; `reform encode book.pdf -o` then
+    `reform ask --context ... --json` gives evidence entries with `page`; a folder is one context."""
+    import json
+    from pathlib import Path
+    data = Path(__file__).parent / "data" / "documents"
+    opts = ["--model", str(tiny_model_dir), "--heads", "1:v:0,2:q:3", "--chunk-size", "128", "--cache-budget", "256",
+            "--recompute-budget", "400", "--max-new-tokens", "3"]
+    r = run("ask", str(data / "book.pdf"), "-q", "Who rowed out?", "--evidence", "3", *opts)
+    assert r.exit_code == 0, r.output
+    listed = [line for line in r.stdout.splitlines() if line.startswith("[")]
+    assert r.stdout.count("Evidence (") == 1 and 1 <= len(listed) <= 3
+    assert all(line.split("] ", 1)[1].startswith(str(data / "book.pdf") + ", page") for line in listed)
+    saved = tmp_path / "book.reform"
+    assert run("encode", str(data / "book.pdf"), "-o", str(saved), *opts[:-2]).exit_code == 0
+    r = run("ask", "--context", str(saved), "-q", "Who rowed out?", "--json", "--max-new-tokens", "3")
+    evidence = json.loads(r.stdout)["evidence"]
+    assert r.exit_code == 0 and evidence and all(1 <= e["page"] <= 3 for e in evidence)
+    r = run("ask", str(data), "-q", "Who rowed out?", "--json", *opts)           # the folder of all four formats
+    documents = {e["document"] for e in json.loads(r.stdout)["evidence"]}
+    assert r.exit_code == 0 and documents <= {"book.docx", "book.epub", "book.html", "book.pdf", "make.py"}
+    r = run("ask", str(tmp_path / "missing.pdf"), "-q", "What?")
+    assert r.exit_code == 2 and "file not found" in r.output
