@@ -48,7 +48,7 @@ def kind_of(name: str, data: bytes) -> str:
     head = data[:2048]
     if head.startswith(b"%PDF") or (suffix == ".pdf" and b"%PDF" in data[:1024]):
         return "pdf"
-    if head.startswith(b"PK"):
+    if head.startswith(b"PK\x03\x04"):
         if b"mimetypeapplication/epub+zip" in data[:128] or suffix == ".epub":
             return "epub"
         if suffix in (".docx", ".docm") or b"word/" in data[:1 << 16]:

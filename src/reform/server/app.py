@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.sampling import Sampling
 from .admission import BodyLimit, Guard, Waiting, body_bytes, still_wanted
-from ..documents import Extracted
+from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
 from .service import ChatJob, Keys, Service, Settings
 from .worker import Cancelled, Worker
@@ -61,7 +61,10 @@ async def upload_document(request: Request, service: Service) -> Extracted:
         item = items[0]
         if not hasattr(item, "read"):
             return plain_text(item)
-        return await service.extract(await item.read(), item.filename or "the upload")
+        doc = await service.extract(await item.read(), item.filename or "the upload")
+        if doc.kind == "text" and [(m.page, m.section) for m in doc.marks] == [(None, None)]:
+            return Extracted.plain(doc.text)     # a plain .txt file: the same id as its text sent as JSON
+        return doc
     raw = await body_bytes(request, limit)
     if kind == "application/json":
         try:
@@ -73,6 +76,11 @@ async def upload_document(request: Request, service: Service) -> Extracted:
         if unknown := sorted(set(payload) - {"text"}):       # as the chat endpoint: nothing ignored
             raise ApiError(400, f"unknown field {unknown[0]!r}: send {{\"text\": \"...\"}}", param=unknown[0])
         return plain_text(payload["text"])
+    if kind in ("", "text/plain"):      # plain text: the same text gives the same id however it is sent
+        try:
+            return plain_text(decode_text(raw, "the context"))
+        except DocumentError as e:
+            raise ApiError(400, str(e), param="file") from None
     return await service.extract(raw, "the upload" + MEDIA_SUFFIX.get(kind, ""))
 
 
