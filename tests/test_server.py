@@ -132,8 +132,9 @@ def test_contexts_api(live):
         assert http.delete(f"/v1/contexts/{key}").json()["deleted"] is True
         assert http.get(f"/v1/contexts/{key}").status_code == 404
         assert http.delete(f"/v1/contexts/{key}").status_code == 404
-        for bad, code in (({"json": {"txt": "x"}}, 400), ({"content": b"\xff\xfe bad"}, 400),
-                          ({"json": {"text": "  "}}, 400)):
+        # a UTF-16 byte-order mark and half a character: no text in any encoding
+        for bad, code in (({"json": {"txt": "x"}}, 400), ({"content": b"\xff\xfe\x00"}, 400),
+                          ({"content": b"a\x00b binary"}, 400), ({"json": {"text": "  "}}, 400)):
             assert http.post("/v1/contexts", **bad).status_code == code
         assert http.get("/v1/models").json()["data"][0]["id"] == live.worker.pipe.model_name
         assert http.get("/health").json()["status"] == "ok"
@@ -147,6 +148,9 @@ def test_one_document_per_upload_in_any_encoding_and_nothing_ignored(live):
         assert http.post("/v1/contexts", data={"text": DOC}).json()["id"] == key
         two = http.post("/v1/contexts", files=[("file", ("a.txt", DOC.encode())), ("file", ("b.txt", b"other"))])
         assert two.status_code == 400 and "(got 2)" in two.json()["error"]["message"]
+        latin1 = http.post("/v1/contexts", content=DOC.replace("fox", "fox caf\u00e9").encode("latin-1"))
+        assert latin1.status_code == 202                   # any encoding: detected, not refused
+        http.delete(f"/v1/contexts/{latin1.json()['id']}")
         extra = http.post("/v1/contexts", json={"text": DOC, "name": "contract"})
         assert extra.status_code == 400 and extra.json()["error"]["param"] == "name"
         assert [c["id"] for c in http.get("/v1/contexts").json()["data"]] == [key]
