@@ -18,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from ..documents.evidence import runs
 from .rows import Row
 
 
@@ -28,15 +29,7 @@ def evidence(row: Row) -> list[str]:
 
 def kept_runs(kept: torch.Tensor) -> list[tuple[int, int]]:
     """Maximal runs of consecutive indices in ``kept`` (ascending), as ``[start, stop)`` pairs."""
-    idx = kept.tolist()
-    runs, start = [], None
-    for i, x in enumerate(idx):
-        if start is None:
-            start = x
-        if i + 1 == len(idx) or idx[i + 1] != x + 1:
-            runs.append((start, x + 1))
-            start = None
-    return runs
+    return [(first, last + 1) for first, last in runs(kept)]
 
 
 def gold_kept(tokenizer, ids: torch.Tensor, kept: torch.Tensor | None, golds: Sequence[str],
