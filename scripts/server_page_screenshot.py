@@ -1,6 +1,6 @@
 """A screenshot of `reform serve`'s web page in use, for the docs: starts the server (default model, a
-fresh store), opens the page in headless Chromium (Selenium), pastes a document, encodes it, asks a
-question and saves the page once the answer has streamed in.
+fresh store), opens the page in headless Chromium (Selenium), drops the test book's PDF on it (a real drop
+event), encodes it, asks a question and saves the page once the answer and its evidence are shown.
 
     python scripts/server_page_screenshot.py --out docs/results/server-page.png
 """
@@ -18,11 +18,16 @@ from pathlib import Path
 
 import httpx
 
-DOCUMENT = ("The Lighthouse Keeper's Log.\n\nThe storm began on the third night. The keeper, Ada Morrow, wrote that "
-            "the lamp was lit at 6:40 pm and that the supply boat would come back on Thursday with oil and flour. "
-            "The radio code for the harbour master is ORCHID-7. On the fourth day the wind turned north and "
-            "the gulls came back to the rocks.\n") * 40
-QUESTION = "What is the radio code for the harbour master?"
+BOOK = Path(__file__).resolve().parents[1] / "tests" / "data" / "documents" / "book.pdf"
+QUESTION = "How many sailors did Maren bring to the rocks?"
+DROP = """
+const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0));
+const data = new DataTransfer();
+data.items.add(new File([bytes], "book.pdf", {type: "application/pdf"}));
+const drop = document.getElementById("drop");
+for (const type of ["dragover", "drop"])
+  drop.dispatchEvent(new DragEvent(type, {dataTransfer: data, bubbles: true, cancelable: true}));
+"""
 
 
 def main() -> None:
@@ -54,13 +59,15 @@ def main() -> None:
                     time.sleep(0.5)
             driver.get(url + "/")
             wait = WebDriverWait(driver, 600)
-            driver.execute_script("document.getElementById('document').value = arguments[0]", DOCUMENT)
+            import base64
+            driver.execute_script(DROP, base64.b64encode(BOOK.read_bytes()).decode())
             driver.find_element(By.ID, "upload").click()
             wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state"))
             driver.find_element(By.ID, "question").send_keys(QUESTION)
             driver.find_element(By.ID, "ask").click()
             wait.until(lambda d: any(a.get_attribute("data-state") in ("done", "failed")
                                      for a in d.find_elements(By.CSS_SELECTOR, "#log .a")))
+            time.sleep(0.5)                         # the evidence is drawn from the last streamed chunk
             args.out.parent.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(args.out))
             print(driver.find_element(By.CSS_SELECTOR, "#log .a").get_attribute("textContent"))

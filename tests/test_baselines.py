@@ -86,7 +86,7 @@ def test_cache_methods_with_covering_budget_equal_full_attention(name, tiny_mode
     assert ctx.cache.length == ctx.ids.shape[0]
     plain = plain_prompt(pipe, text)
     assert ctx.ask(QUESTION, max_new_tokens=8).tokens == hf_greedy(tiny_model, plain, 8)
-    prompt, cache, _ = pipe.method.prompt(ctx, pipe.templater.question(QUESTION), Timer())
+    prompt, cache, *_ = pipe.method.prompt(ctx, pipe.templater.question(QUESTION), Timer())
     logits = pipe.engine.logits(pipe.engine.prefill(prompt, cache, chunk_size=WINDOW)[-1:])
     with torch.no_grad():
         ref = tiny_model(plain[None]).logits[0, -1:]
@@ -197,7 +197,7 @@ def test_infllm_keeps_evicted_tokens_in_memory_and_retrieves_within_the_active_b
         k = layer0.self_attn.k_proj(layer0.input_layernorm(tiny_model.model.embed_tokens(ctx.ids[16:16 + m])))
     torch.testing.assert_close(ctx.state[0].keys, k.view(-1, 2, 16).transpose(0, 1), atol=1e-5, rtol=1e-5)
     part = pipe.templater.question(QUESTION)
-    last, cache, _ = pipe.method.prompt(ctx, part, Timer())                  # the question retrieves 6 blocks
+    last, cache, *_ = pipe.method.prompt(ctx, part, Timer())                  # the question retrieves 6 blocks
     assert last.shape[0] == 1 and {lc.length for lc in cache.layers} == {ctx.cache.length + 6 * 16 + len(part.ids) - 1}
     assert ctx.ask(QUESTION, max_new_tokens=4).method == "infllm"           # and answers from that cache
 

@@ -88,7 +88,9 @@ def test_file_is_safetensors_with_a_json_manifest_and_no_pickle(saved):
     assert manifest["method"]["name"] == "reform" and manifest["method"]["options"]["heads"] == HEADS.split(",")
     assert manifest["tokens"] == ctx.ids.shape[0] and len(manifest["ids_sha256"]) == 64
     assert {"config_sha256", "weights_sha256", "tokenizer_sha256", "dtype"} <= set(manifest["model"])
-    assert all(v["dtype"] in ("I32", "F32", "F16", "BF16") for k, v in header.items() if k != "__metadata__")
+    # U8: the extracted text of the evidence map, as UTF-8 bytes
+    assert all(v["dtype"] in ("I32", "F32", "F16", "BF16", "U8") for k, v in header.items() if k != "__metadata__")
+    assert [k for k, v in header.items() if v.get("dtype") == "U8"] == ["source.text"]
     assert b"\x80\x04\x95" not in raw and b"\x80\x02" not in raw[:8 + n]     # no pickle stream
 
 

@@ -210,7 +210,7 @@ def test_covering_budgets_equal_full_attention(name, options, tiny_model, tokeni
     ctx = pipe.encode(text)
     plain = plain_prompt(pipe, text)
     assert ctx.ask(QUESTION, max_new_tokens=8).tokens == hf_greedy(tiny_model, plain, 8)
-    prompt, cache, _ = pipe.method.prompt(ctx, pipe.templater.question(QUESTION), Timer())
+    prompt, cache, *_ = pipe.method.prompt(ctx, pipe.templater.question(QUESTION), Timer())
     if name == "ilre":
         logits = first_token_logits(pipe.engine, prompt, KVCache.empty(4))
     else:

@@ -10,6 +10,14 @@ import time
 from dataclasses import dataclass, field
 
 
+class DocumentError(ValueError):
+    """A document that cannot be encoded (missing, empty, damaged, over a limit) or a source with none."""
+
+
+class UnsupportedDocument(DocumentError):
+    """A file of a type reform does not read (an image outside a vision-language context, an archive...)."""
+
+
 @dataclass(frozen=True)
 class Mark:
     """From character ``start`` on (until the next mark), the text is in ``document``, on ``page`` (1-based,
@@ -142,12 +150,10 @@ class Builder:
 
     def check_time(self) -> None:
         if time.monotonic() - self.started > self.limits.max_seconds:
-            from . import DocumentError
             raise DocumentError(f"{self.document}: extraction took longer than {self.limits.max_seconds:.0f} s; "
                                 "split the document or raise the limit")
 
     def done(self) -> Extracted:
-        from . import DocumentError
         text = "".join(self.pieces)
         if not text.strip():
             raise DocumentError(f"{self.document} has no text")

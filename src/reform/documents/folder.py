@@ -4,7 +4,7 @@ models read in chat and repository prompts. Files reform does not read are left 
 
 from __future__ import annotations
 
-from .extracted import Extracted, Limits, Mark
+from .extracted import DocumentError, Extracted, Limits, Mark, UnsupportedDocument
 
 
 def relative_name(location: str, base: str) -> str:
@@ -18,7 +18,7 @@ def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
     """The documents at ``documents`` (locations ``find_documents`` gave for ``source``) as one context."""
     from pathlib import Path
 
-    from . import DocumentError, UnsupportedDocument, extract_bytes, read_bytes
+    from .formats import extract_bytes, read_bytes
     if len(documents) > limits.max_files:
         raise DocumentError(f"{source} holds {len(documents)} documents, over the limit of {limits.max_files}")
     base = source if "://" in source else str(Path(source).expanduser().absolute())

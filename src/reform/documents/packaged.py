@@ -8,13 +8,12 @@ import io
 import posixpath
 import zipfile
 
-from .extracted import Builder, Extracted, Limits
+from .extracted import Builder, DocumentError, Extracted, Limits
 
 
 def open_zip(data: bytes, name: str, limits: Limits, kind: str) -> zipfile.ZipFile:
     """The zip, refused in one line when it is no zip or unpacks past ``limits.max_unpacked_bytes``
     (by the sizes its directory declares; reads are bounded by them too, see ``read_member``)."""
-    from . import DocumentError
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, ValueError):
@@ -28,7 +27,6 @@ def open_zip(data: bytes, name: str, limits: Limits, kind: str) -> zipfile.ZipFi
 
 def read_member(archive: zipfile.ZipFile, member: str, name: str, limits: Limits) -> bytes:
     """One member's bytes, never more than the limit whatever its header claims."""
-    from . import DocumentError
     try:
         with archive.open(member) as f:
             data = f.read(limits.max_unpacked_bytes + 1)
@@ -48,7 +46,6 @@ def extract_docx(data: bytes, name: str, limits: Limits = Limits()) -> Extracted
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
-    from . import DocumentError
     archive = open_zip(data, name, limits, "Word (DOCX)")
     if "word/document.xml" not in archive.namelist():
         raise DocumentError(f"{name} is not a Word (DOCX) document (no word/document.xml)")
@@ -86,7 +83,6 @@ def extract_epub(data: bytes, name: str, limits: Limits = Limits()) -> Extracted
     from defusedxml import ElementTree
     from defusedxml.common import DefusedXmlException
 
-    from . import DocumentError
     from .html import extract_html
     archive = open_zip(data, name, limits, "EPUB")
 

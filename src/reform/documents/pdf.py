@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import re
 
-from .extracted import Builder, Extracted, Limits
+from .extracted import Builder, DocumentError, Extracted, Limits
 
 EDGE_LINES = 2          # a running header or footer is among the first or last lines of a page
 MIN_CHARS_PER_PAGE = 16  # less text than this on average: no text layer
@@ -23,7 +23,6 @@ def extract_pdf(data: bytes, name: str, limits: Limits = Limits()) -> Extracted:
 
 
 def _refuse_pages(name: str, n: int, limits: Limits) -> None:
-    from . import DocumentError
     if n > limits.max_pages:
         raise DocumentError(f"{name} has {n} pages, over the limit of {limits.max_pages}")
     if n == 0:
@@ -33,7 +32,6 @@ def _refuse_pages(name: str, n: int, limits: Limits) -> None:
 def _pages_pdfium(data: bytes, name: str, limits: Limits):
     import pypdfium2 as pdfium
 
-    from . import DocumentError
     try:
         pdf = pdfium.PdfDocument(data)
     except pdfium.PdfiumError as e:
@@ -69,7 +67,6 @@ def _pages_pypdf(data: bytes, name: str, limits: Limits):
     from pypdf import PdfReader
     from pypdf.errors import FileNotDecryptedError, PdfReadError
 
-    from . import DocumentError
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
@@ -117,7 +114,6 @@ def running_lines(pages: list[list[str]]) -> set[str]:
 
 
 def _build(name: str, limits: Limits, texts: list[str], outline: list[tuple[int, str]], n: int) -> Extracted:
-    from . import DocumentError
     texts = [t.replace("\r\n", "\n").replace("\r", "\n") for t in texts]
     if sum(len(t.strip()) for t in texts) < MIN_CHARS_PER_PAGE * n:
         raise DocumentError(f"{name} has no text layer (a scanned or image-only PDF?); run OCR on it first "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import codecs
 import re
 
-from .extracted import Extracted, Mark
+from .extracted import DocumentError, Extracted, Mark
 
 # suffix -> the language name a fenced code block carries (how code models see files in chat and in repos)
 CODE = {
@@ -41,7 +41,6 @@ def code_language(name: str) -> str | None:
 def decode(data: bytes, name: str) -> str:
     """``data`` as text: by its byte-order mark, as UTF-8, else in the encoding charset-normalizer detects;
     refused in one line when empty or binary."""
-    from . import DocumentError
     if not data.strip():
         raise DocumentError(f"{name} is empty")
     for bom, encoding in BOMS:
