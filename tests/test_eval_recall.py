@@ -164,3 +164,39 @@ def test_explain_accounts_for_every_miss(tmp_path):
     assert report["peaks"] and all(p["score"] > lowest for p in report["peaks"])
     text = (tmp_path / "explain.md").read_text()
     assert "MISSED" in text and "outranked by" in text and render(rec["id"], rec["question"], report) in text
+
+
+def test_span_recall_checks_every_token_a_span_overlaps():
+    from reform.eval.recall import spans_kept
+    # 3 template tokens, then one token per 4 characters of a 40-character text
+    starts = torch.tensor([-1, -1, -1] + list(range(0, 40, 4)), dtype=torch.int32)
+    kept = torch.tensor([0, 1, 2, 5, 6, 7])            # text characters 8..19 (tokens at 8, 12, 16)
+    assert spans_kept(starts, 40, kept, [[8, 20], [9, 11], [8, 21], [6, 12], [39, 40]]) == [True, True, False, False, False]
+    assert spans_kept(starts, 40, None, [[8, 20]]) == [None]
+
+
+def test_rows_may_name_their_evidence_by_place_and_the_runner_checks_it(tmp_path):
+    """Real text repeats its answers; a row's ``meta.evidence_spans`` says where the fact is instead: a
+    string recall would be n/a here (ORCHID-7 occurs twice), the span recall says which was recomputed."""
+    from reform.eval.jsonl import RowFileError, read_rows
+    filler = "a small boat drifts along the quiet river bank. " * 3
+    fact = "The code is ORCHID-7."
+    context = fact + " " + filler + "ORCHID-7 also names the boat in the middle. " + filler
+    middle = context.index("ORCHID-7 also")
+    rows = [{"context": context, "question": q, "answers": ["ORCHID-7"], "task": "doc/t", "length": 1, "sample": i,
+             "max_new_tokens": 2, "meta": {"evidence_spans": [span]}}
+            for i, (q, span) in enumerate([("Code?", [0, len(fact)]), ("Boat?", [middle, middle + 28])])]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parsed = read_rows(path)
+    assert parsed[1].meta["evidence_spans"] == [[middle, middle + 28]]
+    path.write_text(json.dumps({**rows[0], "meta": {"evidence_spans": [[5, len(context) + 5]]}}) + "\n")
+    with pytest.raises(RowFileError, match="evidence_spans"):
+        read_rows(path)
+    loaded = LoadedModel(tiny(), CharTokenizer(), "tiny")
+    run_eval(parsed, methods=["truncate:recompute_budget=120:keep_first=60", "truncate:recompute_budget=480"],
+             out_dir=tmp_path / "out", model_name="tiny", loader=lambda: loaded, scorer=lambda row, p: 0.0, plots=False)
+    recs = {(r["method"], r["sample"]): r for r in map(json.loads, (tmp_path / "out" / "predictions.jsonl").open())}
+    narrow, wide = "truncate(keep_first=60,recompute_budget=120)", "truncate(recompute_budget=480)"
+    assert [recs[(narrow, s)]["gold_kept"] for s in range(2)] == [[True], [False]]
+    assert [recs[(wide, s)]["gold_kept"] for s in range(2)] == [[True], [True]]

@@ -125,6 +125,12 @@ def check_row(row: Row) -> Row:
         raise ValueError("'images' must be a list of image paths or data URLs")
     if row.images:
         row.content()          # as many <image> marks as images
+    spans = row.meta.get("evidence_spans") if isinstance(row.meta, dict) else None
+    if spans is not None and not (isinstance(spans, list) and spans and all(
+            isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) for x in s)
+            and 0 <= s[0] < s[1] <= len(row.context) for s in spans)):
+        raise ValueError("'meta.evidence_spans' must be a non-empty list of [start, end) character offsets "
+                         f"inside 'context' (0 <= start < end <= {len(row.context)})")
     return row
 
 

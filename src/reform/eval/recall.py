@@ -10,6 +10,10 @@ counts as kept when it lies inside one contiguous run of kept tokens (decoded); 
 selection boundary is not kept. A string that does not occur exactly once in the context cannot be
 checked this way (bAbI's "kitchen" is in many facts) and is n/a (None), as is every string for a method
 that answers from a compressed cache (``Answer.kept`` is None: each layer and head keeps other tokens).
+
+Real text repeats its answers ("/var/log" on thirty pages), so a row may name its evidence by place
+instead: ``meta["evidence_spans"]``, ``[start, end)`` character offsets in the row's context. A span is
+kept when every token it overlaps was recomputed (the context's token offsets, ``documents.evidence``).
 """
 
 from __future__ import annotations
@@ -56,3 +60,24 @@ def miss_kind(score: float | None, row_recall: float | None) -> str | None:
     if score is None or row_recall is None or score >= 1:
         return None
     return "reading" if row_recall >= 1 else "retrieval"
+
+
+def spans_kept(token_starts: torch.Tensor, text_length: int, kept: torch.Tensor | None,
+               spans: Sequence[Sequence[int]]) -> list[bool | None]:
+    """Per ``[start, end)`` character span of the context text: True if every context token it overlaps is
+    in ``kept``, False if not, None for all when ``kept`` is None. ``token_starts``: each context token's
+    first character (-1 for the prompt template's tokens, which come first)."""
+    if kept is None:
+        return [None] * len(spans)
+    starts = token_starts.to(torch.long)
+    first_text = int((starts < 0).sum())
+    text_starts = starts[first_text:]
+    held = torch.zeros(starts.numel(), dtype=torch.bool)
+    held[kept.cpu()] = True
+    flags = []
+    for a, b in spans:
+        # the token holding character a, up to the token holding character b - 1
+        lo = first_text + max(0, int(torch.searchsorted(text_starts, a, right=True)) - 1)
+        hi = first_text + max(0, int(torch.searchsorted(text_starts, min(b, text_length) - 1, right=True)) - 1)
+        flags.append(bool(held[lo:hi + 1].all()))
+    return flags

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..outputs import write_atomic
-from .recall import evidence, gold_kept, recall
+from .recall import evidence, gold_kept, recall, spans_kept
 from .records import (CONFIG, PREDICTIONS, drop_torn_tail, finished, merged_config, prepare_out_dir,
                       read_predictions, record_for, run_entry)
 from .report import write_report
@@ -86,7 +86,11 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
         text_ids = ctx.ids if ctx.image_rows is None else image_ids_as_marks(pipe, ctx.ids)
         if ans.kept is not None and context_text is None:
             context_text = pipe.tokenizer.decode(text_ids.tolist())
-        flags = gold_kept(pipe.tokenizer, text_ids, ans.kept, evidence(row), context_text)
+        if row.meta.get("evidence_spans") and ctx.source is not None:    # real text: the places, not strings
+            flags = spans_kept(ctx.source.token_starts, len(ctx.source.document.text), ans.kept,
+                               row.meta["evidence_spans"])
+        else:
+            flags = gold_kept(pipe.tokenizer, text_ids, ans.kept, evidence(row), context_text)
         stats = {**ans.stats, "encode_shared_by": len(rows)}
         record = {"prediction": ans.text, "context_tokens": int(ctx.ids.shape[0]), "input_tokens": ans.input_tokens,
                   "stats": stats, "recall": recall(flags), "gold_kept": flags,
