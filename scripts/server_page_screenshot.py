@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 BOOK = Path(__file__).resolve().parents[1] / "tests" / "data" / "documents" / "book.pdf"
-QUESTION = "How many sailors did Maren bring to the rocks?"
+QUESTION = "What number was engraved on the silver medal?"
 DROP = """
 const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0));
 const data = new DataTransfer();
@@ -64,6 +64,9 @@ def main() -> None:
             driver.find_element(By.ID, "upload").click()
             wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state"))
             driver.find_element(By.ID, "question").send_keys(QUESTION)
+            tokens = driver.find_element(By.ID, "max-tokens")
+            tokens.clear()
+            tokens.send_keys("32")
             driver.find_element(By.ID, "ask").click()
             wait.until(lambda d: any(a.get_attribute("data-state") in ("done", "failed")
                                      for a in d.find_elements(By.CSS_SELECTOR, "#log .a")))
