@@ -20,14 +20,7 @@ import httpx
 
 BOOK = Path(__file__).resolve().parents[1] / "tests" / "data" / "documents" / "book.pdf"
 QUESTION = "What number was engraved on the silver medal?"
-DROP = """
-const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0));
-const data = new DataTransfer();
-data.items.add(new File([bytes], "book.pdf", {type: "application/pdf"}));
-const drop = document.getElementById("drop");
-for (const type of ["dragover", "drop"])
-  drop.dispatchEvent(new DragEvent(type, {dataTransfer: data, bubbles: true, cancelable: true}));
-"""
+DROP = (BOOK.parent / "drop.js").read_text()       # a real drop event, as the browser test makes it
 
 
 def main() -> None:
@@ -60,7 +53,7 @@ def main() -> None:
             driver.get(url + "/")
             wait = WebDriverWait(driver, 600)
             import base64
-            driver.execute_script(DROP, base64.b64encode(BOOK.read_bytes()).decode())
+            driver.execute_script(DROP, base64.b64encode(BOOK.read_bytes()).decode(), "book.pdf", "application/pdf")
             driver.find_element(By.ID, "upload").click()
             wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state"))
             driver.find_element(By.ID, "question").send_keys(QUESTION)

@@ -89,14 +89,8 @@ def test_a_pdf_dropped_on_the_page_is_answered_with_its_evidence_and_pages(store
         browser.get(server.url + "/")
         wait = WebDriverWait(browser, 60)
         wait.until(lambda d: d.find_element(By.ID, "model").text)
-        browser.execute_script("""
-            const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0));
-            const data = new DataTransfer();
-            data.items.add(new File([bytes], "book.pdf", {type: "application/pdf"}));
-            const drop = document.getElementById("drop");
-            for (const type of ["dragover", "drop"])
-              drop.dispatchEvent(new DragEvent(type, {dataTransfer: data, bubbles: true, cancelable: true}));
-        """, base64.b64encode(pdf).decode())
+        drop = (Path(__file__).parent / "data" / "documents" / "drop.js").read_text()
+        browser.execute_script(drop, base64.b64encode(pdf).decode(), "book.pdf", "application/pdf")
         assert browser.find_element(By.ID, "file-name").text.startswith("book.pdf")
         browser.find_element(By.ID, "upload").click()
         wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state") in ("ready", "failed"))
