@@ -277,7 +277,8 @@ class Worker:
         if status is None:
             status = self.status[key] = ContextStatus(key, "queued", 0, method=self.pipe.method.name)
         status.status, status.error, status.tokens_encoded = "encoding", None, 0
-        status.tokens = int(self.pipe.tokenize(text).ids.shape[0])
+        tokens = self.pipe.tokenize(text)          # once: the count shown and the ids encoded
+        status.tokens = int(tokens.ids.shape[0])
 
         self.publish(key)
         last = [time.monotonic()]
@@ -292,7 +293,7 @@ class Worker:
 
         self.encoding = key
         try:
-            ctx = self.pipe.encode(text, progress)
+            ctx = self.pipe.encode_tokens(tokens.ids, tokens.image_rows, progress, source=tokens.source)
             status.tokens_encoded = status.tokens
             status.bytes = self.store.put(key, ctx)
         except Cancelled:
