@@ -32,6 +32,22 @@ def extraction_times(book: Path) -> dict:
     return out
 
 
+def write_rows(book, questions: list[dict], path: Path) -> None:
+    """One row per question over the book's extracted text; its ``evidence`` string (words matched across
+    line breaks) must occur exactly once, on the question's page, and becomes the row's gold span."""
+    import re
+    rows = []
+    for q in questions:
+        pattern = r"\s+".join(re.escape(w) for w in q["evidence"].split())
+        spans = [(m.start(), m.end()) for m in re.finditer(pattern, book.text)]
+        if len(spans) != 1 or book.locate(spans[0][0]).page != q["page"]:
+            raise SystemExit(f"{q['id']}: its evidence occurs {len(spans)} times, not once on page {q['page']}")
+        rows.append({"context": book.text, "question": q["question"], "answers": q["answers"], "task": "docs/" + q["id"],
+                     "length": 0, "max_new_tokens": 48, "meta": {"evidence_spans": [list(spans[0])], "page": q["page"], "metric": "contains"}})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{len(rows)} rows written to {path}")
+
+
 def gold_in(evidence: list, page: int, top: int = 3) -> bool:
     return any(p.page is not None and p.page <= page <= (p.page_end or p.page) for p in evidence[:top])
 
@@ -45,6 +61,8 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rows", type=Path, default=None, help="instead: write the questions as `reform eval jsonl` "
+                    "rows over the extracted book, each with its evidence as a character span (meta.evidence_spans)")
     ap.add_argument("--contexts", type=Path, default=None, help="keep each method's encoded book here and load it "
                     "on the next run instead of encoding again (its encode_s is the first run's)")
     args = ap.parse_args()
@@ -52,8 +70,11 @@ def main() -> None:
     from reform import Pipeline
     from reform.documents import extract
     from reform.machine import machine_info
-    args.out.mkdir(parents=True, exist_ok=True)
     questions = json.loads(args.questions.read_text())
+    if args.rows is not None:
+        write_rows(extract(args.book), questions, args.rows)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
     rows_path = args.out / "results.jsonl"
     done = {(r["method"], r["id"]) for r in map(json.loads, rows_path.read_text().splitlines())} \
         if rows_path.exists() else set()
