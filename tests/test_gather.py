@@ -158,3 +158,34 @@ def test_run_peaks_gather_the_best_ordered_run_the_paper_misses_and_nothing_else
     assert Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0").method.config.run_peaks == 1  # the default
     with pytest.raises(ValueError, match="run_peaks of reform cannot be negative"):
         Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", run_peaks=-1)
+
+
+def test_query_baseline_lets_a_rare_question_word_outscore_one_that_matches_everywhere():
+    """A question token that matches every window (a book's recurring name) scores as high at the window
+    that answers as everywhere else; less its own high quantile over the context, the rare token that
+    matches only the answering window decides, and the option is off (the paper's max) by default."""
+    from dataclasses import fields, replace
+
+    from reform.methods.options import options_json
+    from reform.methods.reform import ReformConfig, query_offsets
+    torch.manual_seed(0)
+    d, n = 16, 4000
+    common, rare = F.normalize(torch.randn(2, d), dim=-1)
+    noise = F.normalize(torch.randn(n, d), dim=-1)
+    context = F.normalize(0.9 * common + 0.45 * noise, dim=-1)        # every token close to the common word
+    answer = 1234
+    context[answer] = F.normalize(0.7 * rare + 0.7 * common, dim=-1)   # the window that answers has both
+    query = torch.stack([common, rare])
+    plain = token_scores(context, query)
+    assert int(plain.argmax()) != answer                              # the common word wins somewhere else
+    offsets = query_offsets(context, query, 0.999)
+    assert offsets[0] > offsets[1]                                    # the common word's ordinary match is high
+    assert int(token_scores(context, query, offsets).argmax()) == answer
+    default = next(f for f in fields(ReformConfig) if f.name == "query_baseline").default
+    assert default == 0.0 and "query_baseline" not in options_json(replace(ReformConfig(), query_baseline=0.0))
+    from conftest import CharTokenizer, tiny
+    from reform import Pipeline
+    with pytest.raises(ValueError, match="query_baseline"):
+        Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=1.0)
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=0.99)
+    assert options_json(pipe.method.config)["query_baseline"] == 0.99
