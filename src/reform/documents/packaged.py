@@ -32,7 +32,8 @@ def read_member(archive: zipfile.ZipFile, member: str, name: str, limits: Limits
             data = f.read(limits.max_unpacked_bytes + 1)
     except KeyError:
         raise DocumentError(f"{name} is damaged: it names {member!r}, which it does not contain") from None
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as e:   # NotImplementedError: zipfile's
+        # answer to a compression method it lacks (a foreign or damaged archive), not unfinished code here
         raise DocumentError(f"{name} is damaged: cannot unpack {member!r} ({e})") from None
     if len(data) > limits.max_unpacked_bytes:
         raise DocumentError(f"{name}: {member!r} unpacks past the limit of {limits.max_unpacked_bytes >> 20} MB")
