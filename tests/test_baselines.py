@@ -275,6 +275,23 @@ def test_reform_rag_weight_zero_selects_what_reform_selects(tokenizer):
     assert torch.equal(*picks)
 
 
+def test_reform_rag_mixes_the_retrievers_it_names(tokenizer):
+    """retriever=bm25 / dense+bm25: the same mix with BM25's passage scores (each standardised, the weight
+    shared equally); at weight 1 the gather follows the passages alone, so the lexical match wins."""
+    opts = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=200, passage_tokens=100)
+    context = rag_context()
+    for kind in ("bm25", "dense+bm25"):
+        pipe = Pipeline(tiny(), TextTokenizer(), method="reform+rag", retriever=kind, weight=1.0, **opts)
+        ctx = pipe.encode(context)
+        assert set(ctx.extra["passages"]) == set(kind.split("+"))
+        kept = pipe.method.select(ctx, pipe.templater.question("secret launch code"), Timer())
+        codes = torch.cat([torch.arange(1 + p * 100, 1 + (p + 1) * 100) for p in (1, 5, 9)])   # its three copies
+        ends = 2 * pipe.method.config.gather_keep
+        assert int(torch.isin(kept, codes).sum()) == kept.numel() - ends, kind   # the rest all code passage
+    with pytest.raises(ValueError, match="retriever must be one of dense, bm25, dense\\+bm25"):
+        Pipeline(tiny(), TextTokenizer(), method="reform+rag", retriever="tfidf", heads="1:v:0")
+
+
 # ------------------------------------------------------------------ full attention
 def test_full_warns_past_the_window_and_still_equals_plain_generation(tiny_model, tokenizer):
     pipe = Pipeline(tiny_model, tokenizer, method="full")

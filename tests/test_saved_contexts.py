@@ -19,6 +19,8 @@ HEADS = "1:v:0,2:q:3,1:k:1"
 METHODS = {
     "reform": dict(heads=HEADS, chunk_size=64, cache_budget=96, recompute_budget=200),
     "reform+rag": dict(heads=HEADS, chunk_size=64, cache_budget=96, recompute_budget=200),
+    "reform+rag:retriever=dense+bm25": dict(heads=HEADS, chunk_size=64, cache_budget=96, recompute_budget=200,
+                                            retriever="dense+bm25"),
     "full": {},
     "truncate": dict(recompute_budget=200),
     "streaming": dict(chunk_size=64, cache_budget=96),
@@ -34,7 +36,7 @@ METHODS = {
 
 
 def make(method="reform", seed=0, tokenizer=None, **kw):
-    return Pipeline(tiny("llama", seed=seed), tokenizer or CharTokenizer(), method=method,
+    return Pipeline(tiny("llama", seed=seed), tokenizer or CharTokenizer(), method=method.split(":")[0],
                     **(kw or METHODS[method]))
 
 
@@ -59,7 +61,8 @@ def test_save_load_ask_equals_in_memory(method, tmp_path):
     # a fresh pipeline over the same weights, built with another method: the file brings its own
     other = make("full", tokenizer=CharTokenizer(), **{}) if method != "full" else make("truncate")
     loaded = other.load_context(path)
-    assert loaded.method.name == method and torch.equal(loaded.ids, ctx.ids)
+    assert loaded.method.name == method.split(":")[0] and torch.equal(loaded.ids, ctx.ids)
+    assert loaded.method.config == pipe.method.config
     for question in (QUESTION, "Where did the cat sit?"):
         a, b = ctx.ask(question, max_new_tokens=10), loaded.ask(question, max_new_tokens=10)
         assert a.tokens == b.tokens and a.text == b.text

@@ -184,6 +184,35 @@ for _suite in SUITES_HELP:
     app.command(_suite)(suite_command(_suite))
 
 
+@app.command("docs")
+def docs(methods: str = MethodsOpt,
+         documents: Optional[str] = typer.Option(None, "--documents", help="comma-separated: debian-reference, "
+                                                 "postgresql-sql, python-howto (default: all three)"),
+         root: Optional[Path] = typer.Option(None, "--root", help="a folder holding a copy of the documents' "
+                                             "Debian paths (default: the installed packages)"),
+         out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
+         fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+         model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+    """Real documents from Debian's documentation packages with 48 hand-written questions; gold recall checks
+    each question's evidence span (docs/evaluation.md)."""
+    from ..eval.tasks.docs import TASKS, check_documents, make_docs_rows
+    try:
+        chosen = _split(documents) or list(TASKS)
+        if root is not None and not root.is_dir():
+            raise CliError(f"--root folder not found: {root}")
+        with refused():
+            check_documents(chosen, root)
+
+        def rows_for(tokenizer):
+            with refused():
+                return make_docs_rows(tokenizer, chosen, root)
+        evaluate(methods, out_dir or Path("runs/eval-docs"), model, device, dtype, rows_for=rows_for,
+                 meta={"suite": "docs", "documents": chosen, "root": str(root) if root else None},
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+    except CliError as e:
+        fail(e)
+
+
 @app.command("jsonl")
 def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (context, question, answers, task, "
                                       "...) or RULER's (input, outputs)"),

@@ -10,8 +10,9 @@ from .extracted import Builder, Extracted, Limits
 DROP = {"script", "style", "noscript", "template", "svg", "canvas", "iframe", "object", "embed", "form", "button",
         "select", "input", "textarea", "nav", "head", "meta", "link", "map", "audio", "video"}
 # class or id words of navigation: DocBook's navheader/navfooter, menus, breadcrumbs, skip links, cookie banners
+# headerlink: the pilcrow Sphinx puts after every heading (a permalink, not text)
 NAVIGATION = re.compile(r"(^|[-_ ])(nav|navbar|navheader|navfooter|navigation|menu|breadcrumbs?|sidebar|skip|"
-                        r"cookie|banner|toolbar|pagination|toc)($|[-_ ])", re.I)
+                        r"cookie|banner|toolbar|pagination|toc|headerlink)($|[-_ ])", re.I)
 BLOCK = {"p", "div", "section", "article", "main", "aside", "header", "footer", "blockquote", "pre", "ul", "ol",
          "li", "dl", "dt", "dd", "table", "tr", "figure", "figcaption", "address", "details", "summary", "hr",
          "body", "html", "caption", "thead", "tbody", "tfoot", "center", "fieldset"}

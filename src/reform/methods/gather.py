@@ -31,11 +31,9 @@ import torch
 
 from ..engine.policies import forced_mask
 from ..stats import Timer
-from .rag import PassageIndex
 from .reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
                      token_scores)
 from .reform_rag import ReformRag, ReformRagConfig
-from .retrievers import Dense
 
 RARE = 8             # a token id seen at most this often in the context is "rare" (a name, a key, a number)
 EXPAND = 32          # tokens on each side of a first-round peak that may join the second round's query
@@ -89,8 +87,7 @@ def with_rag(ctx, part, peaks: int) -> torch.Tensor:
     config = ReformRagConfig(**{f.name: getattr(c, f.name) for f in fields(c)})
     method = ReformRag(replace(config, match_run=0, run_peaks=peaks))
     if "passages" not in ctx.extra:
-        ctx.extra["passages"] = PassageIndex.build(ctx.pipeline, ctx.ids, config.passage_tokens,
-                                                   Dense(ctx.pipeline.engine.device))
+        ctx.extra["passages"] = method.indexes(ctx.pipeline, ctx.ids)
     return method.select(ctx, part, Timer())
 
 

@@ -14,12 +14,19 @@ from .checkpoint import Checkpoint
 from .options import added_later, require_positive
 from .rag import PassageIndex
 from .reform import Reform, ReformConfig
-from .retrievers import Dense
+from .retrievers import BM25, Dense, Retriever
 
 
 
 def standardize(x: torch.Tensor) -> torch.Tensor:
     return (x - x.mean()) / x.std().clamp_min(1e-6)
+
+
+RETRIEVERS = {"dense": ("dense",), "bm25": ("bm25",), "dense+bm25": ("dense", "bm25")}
+
+
+def retriever(kind: str, device) -> Retriever:
+    return Dense(device) if kind == "dense" else BM25()
 
 
 @dataclass
@@ -31,6 +38,9 @@ class ReformRagConfig(ReformConfig):
 
     weight: float = 0.5
     passage_tokens: int = 128
+    # which passage scores are mixed in: the paper's dense retriever, BM25 (no model: an index in well under
+    # a second where the dense one takes minutes on a CPU), or both, each standardised and weighed equally
+    retriever: str = field(default="dense", metadata=added_later("dense"))
     # REFORM's run_peaks, off here by default: its recall was measured on REFORM's ranking, not on this mix
     run_peaks: int = field(default=0, metadata=added_later(0))
 
@@ -39,6 +49,8 @@ class ReformRagConfig(ReformConfig):
         require_positive(passage_tokens=self.passage_tokens)
         if not 0.0 <= self.weight <= 1.0:
             raise ValueError(f"weight must be between 0 and 1, got {self.weight}")
+        if self.retriever not in RETRIEVERS:
+            raise ValueError(f"retriever must be one of {', '.join(RETRIEVERS)}, got {self.retriever!r}")
 
 
 @register
@@ -51,25 +63,34 @@ class ReformRag(Reform):
                checkpoint: Checkpoint | None = None) -> Context:
         ctx = super().encode(pipe, ids, progress, checkpoint)
         if ctx.state is not None:
-            ctx.extra["passages"] = PassageIndex.build(pipe, ids, self.config.passage_tokens, Dense(pipe.engine.device))
+            ctx.extra["passages"] = self.indexes(pipe, ids)
         return ctx
+
+    def indexes(self, pipe: Runtime, ids: torch.Tensor, saved: dict | None = None) -> dict[str, PassageIndex]:
+        """One passage index per retriever; a dense index is a tensor a saved context keeps, a BM25 index is
+        rebuilt from the ids (cheap and deterministic) rather than stored as a Python object."""
+        return {kind: PassageIndex.build(pipe, ids, self.config.passage_tokens, retriever(kind, pipe.engine.device),
+                                         (saved or {}).get(kind))
+                for kind in RETRIEVERS[self.config.retriever]}
 
     def saved_state(self, ctx: Context) -> dict[str, torch.Tensor]:
         saved = super().saved_state(ctx)
         if "passages" not in ctx.extra:      # an unfinished encode's checkpoint: passages come at the end
             return saved
-        return {**saved, "passages": ctx.extra["passages"].index}
+        dense = ctx.extra["passages"].get("dense")
+        return saved if dense is None else {**saved, "passages": dense.index}
 
     def restore_state(self, ctx: Context, tensors: dict[str, torch.Tensor]) -> None:
         super().restore_state(ctx, tensors)
-        if "passages" in tensors:
-            ctx.extra["passages"] = PassageIndex.build(ctx.pipeline, ctx.ids, self.config.passage_tokens,
-                                                       Dense(ctx.pipeline.engine.device), tensors["passages"])
+        if ctx.state is not None and ("passages" in tensors or "dense" not in RETRIEVERS[self.config.retriever]):
+            ctx.extra["passages"] = self.indexes(ctx.pipeline, ctx.ids, {"dense": tensors.get("passages")})
 
     def ranking(self, ctx: Context, part: QuestionPart, query: torch.Tensor) -> torch.Tensor:
-        """REFORM's ranking mixed with the dense retriever's (``run_peaks`` then lifts what this misses)."""
+        """REFORM's ranking mixed with the retrievers' passage scores, each standardised; several retrievers
+        share the ``weight`` equally (``run_peaks`` then lifts what this misses)."""
         reform = super().ranking(ctx, part, query)
         question = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
-        dense = ctx.extra["passages"].token_scores(question, reform.shape[0]).to(reform.device)
+        indexes = ctx.extra["passages"].values()
+        passages = sum(standardize(p.token_scores(question, reform.shape[0]).to(reform.device)) for p in indexes)
         w = self.config.weight
-        return (1 - w) * standardize(reform) + w * standardize(dense)
+        return (1 - w) * standardize(reform) + w * passages / len(indexes)

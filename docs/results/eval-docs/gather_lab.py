@@ -1,0 +1,116 @@
+"""Gather variants on the docs suite: which recomputed set holds each question's evidence span? (a lab)
+
+    python docs/results/eval-docs/gather_lab.py MODEL CONTEXTS_DIR OUT.jsonl [VARIANT,...]
+
+For each document of ``reform eval docs`` the context is encoded with REFORM's defaults once (saved under
+CONTEXTS_DIR, with the dense passage index beside it) and every question is gathered under each variant at
+REFORM's recompute budget; nothing is generated. A row per (variant, question) goes to OUT.jsonl (a re-run
+skips those done); the summary table is printed. Span recall is ``reform.eval.recall.spans_kept``, the
+check ``reform eval docs`` makes.
+"""
+import copy
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from reform import Pipeline
+from reform.eval.recall import spans_kept
+from reform.eval.tasks.docs import TASKS, make_docs_rows, read
+from reform.methods.rag import PassageIndex, pick_passages
+from reform.methods.reform import gather_indices, max_pool, token_scores
+from reform.methods.reform_rag import standardize
+from reform.methods.retrievers import BM25, Dense
+
+model, contexts, out_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+only = sys.argv[4].split(",") if len(sys.argv) > 4 else None
+pipe = Pipeline.load(None if model == "smollm2" else model)
+contexts.mkdir(parents=True, exist_ok=True)
+done = {(r["variant"], r["id"]) for r in map(json.loads, out_path.read_text().splitlines())} if out_path.exists() else set()
+
+
+def variant_method(method, **options):
+    m = copy.copy(method)
+    m.config = dataclasses.replace(method.config, **options)
+    return m
+
+
+def pick(scores, c):
+    return gather_indices(scores, c.recompute_budget, c.gather_keep, c.gather_keep)
+
+
+def passages_kept(index: PassageIndex, scores: torch.Tensor, budget: int) -> torch.Tensor:
+    chosen = pick_passages(scores, [e - s for s, e in index.spans], budget - index.prefix)
+    return torch.cat([torch.arange(index.prefix)] + [torch.arange(*index.spans[i]) for i in chosen])
+
+
+for name in TASKS:
+    path = contexts / f"{name}.reform"
+    rows = make_docs_rows(pipe.tokenizer, [name])
+    if all((v, r.meta["question_id"]) in done for r in rows for v in (only or ["default"])):
+        continue
+    if path.exists():
+        ctx = pipe.load_context(path)
+    else:
+        t = time.time()
+        ctx = pipe.encode(read(name))
+        print(f"{name}: encoded {ctx.ids.shape[0]} tokens in {time.time() - t:.0f} s", flush=True)
+        ctx.save(path)
+    dense_path = contexts / f"{name}.dense.safetensors"
+    if dense_path.exists():
+        dense = PassageIndex.build(pipe, ctx.ids, 128, Dense(), load_file(dense_path)["index"])
+    else:
+        t = time.time()
+        dense = PassageIndex.build(pipe, ctx.ids, 128, Dense())
+        print(f"{name}: dense index in {time.time() - t:.0f} s", flush=True)
+        save_file({"index": dense.index.contiguous()}, dense_path)
+    bm25 = PassageIndex.build(pipe, ctx.ids, 128, BM25())
+    method, c = ctx.method, ctx.method.config
+    emb = ctx.state.data
+    counts = torch.bincount(ctx.ids.cpu(), minlength=int(ctx.ids.max()) + 1).float()
+    with out_path.open("a") as out:
+        for row in rows:
+            part = pipe.templater.question(row.question)
+            question = row.question
+            query = method.query_embeddings(ctx, part)
+            ranking = method.ranking(ctx, part, query)                       # REFORM's pooled scores, no run_peaks
+            dense_tokens = dense.token_scores(question, ranking.shape[0]).to(ranking)
+            bm25_tokens = bm25.token_scores(question, ranking.shape[0]).to(ranking)
+            qids = torch.as_tensor(part.ids)[part.query_span].cpu()
+            idf = torch.log(ctx.ids.shape[0] / (1.0 + counts[qids.clamp_max(counts.numel() - 1)]))
+            kept = {
+                "default": method.select_scored(ctx, part, None)[0],
+                "paper": pick(ranking, c),
+                "query_baseline=0.999": variant_method(method, query_baseline=0.999).select_scored(ctx, part, None)[0],
+                "idf-weighted": pick(max_pool((emb.float() @ query.float().T * (idf / idf.max())).amax(1), c.pool_window), c),
+                "reform+rag (dense, w=0.5)": pick((standardize(ranking) + standardize(dense_tokens)) / 2, c),
+                "reform+rag (dense, w=0.3)": pick(0.7 * standardize(ranking) + 0.3 * standardize(dense_tokens), c),
+                "reform+bm25 (w=0.5)": pick((standardize(ranking) + standardize(bm25_tokens)) / 2, c),
+                "reform+dense+bm25 (1/3 each)": pick((standardize(ranking) + standardize(dense_tokens)
+                                                      + standardize(bm25_tokens)) / 3, c),
+                "rag-dense": passages_kept(dense, dense.scores(question), c.recompute_budget),
+                "rag-bm25": passages_kept(bm25, bm25.scores(question), c.recompute_budget),
+                "default, 2x budget": variant_method(method, recompute_budget=2 * c.recompute_budget)
+                .select_scored(ctx, part, None)[0],
+            }
+            for variant, k in kept.items():
+                if (only and variant not in only) or (variant, row.meta["question_id"]) in done:
+                    continue
+                flag, = spans_kept(ctx.source.token_starts, len(ctx.source.document.text), k, row.meta["evidence_spans"])
+                out.write(json.dumps({"variant": variant, "document": name, "id": row.meta["question_id"],
+                                      "kept": bool(flag), "tokens": int(k.numel())}) + "\n")
+            out.flush()
+
+results = [json.loads(line) for line in out_path.read_text().splitlines()]
+print(f"{'variant':32} " + " ".join(f"{n:>18}" for n in TASKS) + "   all")
+for variant in dict.fromkeys(r["variant"] for r in results):
+    cells, total, n = [], 0, 0
+    for name in TASKS:
+        got = [r["kept"] for r in results if r["variant"] == variant and r["document"] == name]
+        cells.append(f"{sum(got):>12}/{len(got):<5}")
+        total, n = total + sum(got), n + len(got)
+    print(f"{variant:32} " + " ".join(cells) + f"  {total}/{n} = {100 * total / max(n, 1):.1f} %")
