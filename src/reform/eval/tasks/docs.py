@@ -9,7 +9,7 @@ answers was recomputed, not whether an answer string (which a real book repeats 
 Each document is at least 4x the window of both real models (SmolLM2 8k, Gemma 3 270M 32k).
 
 The answers are specific to the text (a file name, a package, a limit) rather than general knowledge;
-``docs/evaluation.md`` reports how many each model answers with no document at all.
+``docs/results/eval-docs/README.md`` reports how many are answered with no document at all.
 """
 
 from __future__ import annotations
