@@ -36,10 +36,10 @@ def write_rows(book, questions: list[dict], path: Path) -> None:
     """One row per question over the book's extracted text; its ``evidence`` string (words matched across
     line breaks) must occur exactly once, on the question's page, and becomes the row's gold span."""
     import re
+    from reform.eval.tasks.docs import evidence_pattern
     rows = []
     for q in questions:
-        pattern = r"\s+".join(re.escape(w) for w in q["evidence"].split())
-        spans = [(m.start(), m.end()) for m in re.finditer(pattern, book.text)]
+        spans = [(m.start(), m.end()) for m in re.finditer(evidence_pattern(q["evidence"]), book.text)]
         if len(spans) != 1 or book.locate(spans[0][0]).page != q["page"]:
             raise SystemExit(f"{q['id']}: its evidence occurs {len(spans)} times, not once on page {q['page']}")
         rows.append({"context": book.text, "question": q["question"], "answers": q["answers"], "task": "docs/" + q["id"],
