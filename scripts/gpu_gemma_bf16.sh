@@ -29,17 +29,8 @@ PYTHON=${PYTHON:-python3}; reform=("$PYTHON" -m reform)
 mkdir -p "$out" || exit 2
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-step() {  # NAME LIMIT reform-eval-args...: one resumable eval folder, its log, a line of status
-  local name=$1 limit=$2; shift 2
-  case ",$STEPS," in *",$name,"*) ;; *) return 0 ;; esac
-  local start; start=$(date +%s)
-  echo "== ${reform[*]} eval $* --model $model --out $out/$name" >> "$out/$name.log"
-  timeout "$limit" "${reform[@]}" eval "$@" --model "$model" --out "$out/$name" ${MAX_ROWS:+--max-rows "$MAX_ROWS"} >> "$out/$name.log" 2>&1
-  local rc=$?
-  [ $rc -eq 124 ] && echo "$name: stopped at its limit of $limit s (the rows before it are kept)" || echo "$name: rc=$rc"
-  echo "$name: $(( $(date +%s) - start )) s"
-  tar czf "$out/gemma-bf16.tgz" -C "$out" --exclude gemma-bf16.tgz . 2>/dev/null
-}
+PACK=gemma-bf16.tgz
+source "$(dirname "$0")/gpu_eval_step.sh"
 
 step cpu128 "$T_CPU128" niah --device cpu --lengths "$L128" --depths 0,0.25,0.75,1 --samples 1
 step cpu1m "$T_CPU1M" niah --device cpu --lengths "$L1M" --depths 0.1,0.5,0.9 --samples 1
