@@ -117,12 +117,21 @@ def test_gpu_carry_splits_files_into_calls_and_unpacks_them_whole(tmp_path):
 
 
 GEMMA_SCRIPT = ROOT / "scripts" / "gpu_gemma_bf16.sh"
+SYNTHETIC_SCRIPT = ROOT / "scripts" / "gpu_gather_synthetic.sh"
+
+
+def prepared_script(script: Path, model: str, out: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src"), **env}
+    return subprocess.run(["bash", str(script), model, str(out)], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=ROOT)
 
 
 def gemma_script(out: Path, **env: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src"), **env}
-    return subprocess.run(["bash", str(GEMMA_SCRIPT), "gemma-3-270m", str(out)], capture_output=True, text=True,
-                          env=env, timeout=900, cwd=ROOT)
+    return prepared_script(GEMMA_SCRIPT, "gemma-3-270m", out, **env)
+
+
+def step_predictions(out: Path, step: str) -> list[dict]:
+    return [json.loads(line) for line in (out / step / "predictions.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -137,7 +146,7 @@ def test_gemma_bf16_script_runs_every_step_and_packs_what_finished(tmp_path):
     expected = {"cpu128": 1, "cpu1m": 1, "gpuruler": 1, "gpu1m": 1}
     for step, rows in expected.items():
         assert f"{step}: rc=0" in r.stdout
-        preds = [json.loads(line) for line in (tmp_path / "run" / step / "predictions.jsonl").read_text().splitlines()]
+        preds = step_predictions(tmp_path / "run", step)
         assert len(preds) == rows and {p["status"] for p in preds} == {"ok"}, step
         assert {p["method"] for p in preds} == {"reform"}
     with tarfile.open(tmp_path / "run" / "gemma-bf16.tgz") as tar:
@@ -151,3 +160,26 @@ def test_gemma_bf16_script_runs_every_step_and_packs_what_finished(tmp_path):
 def test_gemma_bf16_script_refuses_a_wrong_call(tmp_path):
     r = subprocess.run(["bash", str(GEMMA_SCRIPT), "gemma-3-270m"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == "usage: bash scripts/gpu_gemma_bf16.sh MODEL OUT"
+
+
+@pytest.mark.slow
+def test_gather_synthetic_script_answers_each_row_with_both_gathers(tmp_path):
+    """scripts/gpu_gather_synthetic.sh at toy lengths on the CPU with the default model: every step answers
+    its rows with REFORM's gather and the documents gather, and packs what finished into one archive."""
+    import tarfile
+    r = prepared_script(SYNTHETIC_SCRIPT, "smollm2", tmp_path / "run", LENGTHS="1k", SAMPLES="1", TASKS="vt",
+                        MAX_ROWS="1")
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    for step in ("ruler", "niah", "babilong"):
+        assert f"{step}: rc=0" in r.stdout
+        preds = step_predictions(tmp_path / "run", step)
+        assert {p["status"] for p in preds} == {"ok"}, step
+        assert sorted(p["method"] for p in preds) == ["reform", "reform+rag(retriever=dense+bm25)"], step
+        assert len({p["id"] for p in preds}) == 1, step      # the same row for both
+    with tarfile.open(tmp_path / "run" / "gather-synthetic.tgz") as tar:
+        assert "./ruler/results.md" in tar.getnames()
+
+
+def test_gather_synthetic_script_refuses_a_wrong_call():
+    r = subprocess.run(["bash", str(SYNTHETIC_SCRIPT)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == "usage: bash scripts/gpu_gather_synthetic.sh MODEL OUT"
