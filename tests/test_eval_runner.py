@@ -256,6 +256,19 @@ def test_metrics_table_and_plots_from_handmade_predictions(tmp_path):
     assert not list(tmp_path.glob("heatmap_*.png"))                 # no depths, no heat map
 
 
+def test_tasks_at_lengths_of_their_own_get_one_line_over_all_rows(tmp_path):
+    """Real documents (the docs suite): each task has its own length, so a mean over tasks per length
+    would repeat each task's line; the table ends with one line over all the rows instead."""
+    recs = [record("reform", "docs/a", 180000, 1.0, sample=0), record("reform", "docs/a", 180000, 0.0, sample=1),
+            record("reform", "docs/b", 260000, 1.0), record("rag-dense", "docs/a", 180000, 0.0),
+            record("rag-dense", "docs/b", 260000, 0.0)]
+    (tmp_path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_report(tmp_path, plots=False)
+    table = (tmp_path / "results.md").read_text()
+    assert "**mean over tasks**" not in table
+    assert "| **all rows** | all | 3/2 | 66.7 [21–94] | 0.0 [0–66] |" in table
+
+
 def test_depth_metrics_and_latest_record_wins(tmp_path):
     recs = [record("reform", "niah", 4096, 0.0, depth=0.5), record("reform", "niah", 4096, 1.0, depth=0.5),
             record("reform", "niah", 4096, 1.0, depth=0.0), record("reform", "niah", 8192, 0.0, depth=0.0)]

@@ -154,15 +154,19 @@ def test_unknown_bench_peer_refused_before_loading(tmp_path, no_load):
 
 
 @pytest.mark.parametrize("option,msg", [
-    ("keep_first=abc", "keep_first of reform must be a whole number, got 'abc'"),
-    ("embed_dtype=garbage", "embed_dtype of reform must be one of float16, bfloat16, float32"),
-    ("pool_window=true", "pool_window of reform must be a whole number"),
-    ("keep_first=1.5", "keep_first of reform must be a whole number, got 1.5"),     # 4. accepted before
-    ("score_window=0", "score_window of reform must be positive"),                   # 4.
-    ("score_window=-3", "score_window of reform must be positive"),                  # 4.
+    ("keep_first=abc", "keep_first of METHOD must be a whole number, got 'abc'"),
+    ("embed_dtype=garbage", "embed_dtype of METHOD must be one of float16, bfloat16, float32"),
+    ("pool_window=true", "pool_window of METHOD must be a whole number"),
+    ("keep_first=1.5", "keep_first of METHOD must be a whole number, got 1.5"),     # 4. accepted before
+    ("score_window=0", "score_window of METHOD must be positive"),                   # 4.
+    ("score_window=-3", "score_window of METHOD must be positive"),                  # 4.
 ])
-def test_option_values_refused_before_loading(option, msg, doc, no_load):
-    r = run("ask", doc, "-q", "What?", "--option", option)
+@pytest.mark.parametrize("method", [None, "reform"])
+def test_option_values_refused_before_loading(option, msg, method, doc, no_load):
+    """A file's context gets the documents method (REFORM+RAG) unless --method says otherwise; either way
+    a bad option value is refused in one line before the model loads."""
+    r = run("ask", doc, "-q", "What?", "--option", option, *(["--method", method] if method else []))
+    msg = msg.replace("METHOD", method or "reform+rag")
     assert r.exit_code == 2 and msg in r.stderr and r.stderr.count("\n") == 1, r.output
 
 
@@ -246,7 +250,7 @@ def test_json_answer_leaves_stderr_empty(tiny_model_dir, doc):
     r = cli("ask", doc, "-q", "What?", "--json", "--model", tiny_model_dir, *TINY_HEADS, "--max-new-tokens", "4")
     assert r.returncode == 0 and r.stderr == "", r.stderr          # no "Loading weights" bars when piped
     answer = json.loads(r.stdout)
-    assert answer["method"] == "reform" and answer["device"] == "cpu" and answer["dtype"] in ("fp32", "bf16")
+    assert answer["method"] == "reform+rag" and answer["device"] == "cpu" and answer["dtype"] in ("fp32", "bf16")
 
 
 def test_unreachable_hub_is_said_at_once(doc):

@@ -52,7 +52,8 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
                                   sampling=sampling)
         else:
             content = read_inputs(files)
-            pipe = pipeline_from(load.load())
+            # documents get the documents gather; text with images keeps REFORM, whose gather reads images
+            pipe = pipeline_from(load.load(documents=not isinstance(content, list)))
             answer = run_question(pipe, content, question, answer_prefix, max_new_tokens, as_json, sampling=sampling)
     except CliError as e:
         fail(e)

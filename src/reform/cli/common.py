@@ -113,6 +113,10 @@ ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local director
                         "model: smollm2 (the default, SmolLM2-135M-Instruct) or gemma-3-270m")
 MethodOpt = typer.Option("reform", "--method", help="long-context method: reform, full, truncate, streaming, h2o, "
                          "tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (docs/methods.md)")
+DocumentMethodOpt = typer.Option(None, "--method", help="long-context method: reform, full, truncate, streaming, "
+                                 "h2o, tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (docs/methods.md); "
+                                 "default: reform, and for the documents of `ask FILE` and `encode`, reform+rag "
+                                 "with --option retriever=dense+bm25", show_default=False)
 HeadsOpt = typer.Option(None, "--heads", help="embedding heads 'LAYER:KIND:HEAD,...' or a preset JSON "
                         "(default: the model's preset)")
 ChunkOpt = typer.Option(None, "--chunk-size", help="tokens per encoded chunk (default: window/4; reform and "
@@ -139,7 +143,7 @@ class LoadArgs:
     declared once: ``with_load_options`` adds them to a command and hands them over as one value."""
 
     model: Optional[str] = None
-    method: str = "reform"
+    method: Optional[str] = None        # None: the command's default (reform; DOCUMENTS_METHOD for documents)
     heads: Optional[str] = None
     chunk_size: Optional[int] = None
     cache_budget: Optional[int] = None
@@ -150,21 +154,26 @@ class LoadArgs:
     profile: Optional[str] = None
     chat_template: bool = True
 
-    def load(self) -> dict:
-        """``Pipeline.load`` keyword arguments (``load_options``); a bad ``--option`` is a ``CliError``."""
-        return load_options(self.model, self.method, self.heads, self.chunk_size, self.cache_budget,
-                            self.recompute_budget, self.device, self.dtype, self.chat_template,
-                            parse_options(self.option, self.profile))
+    def load(self, documents: bool = False) -> dict:
+        """``Pipeline.load`` keyword arguments (``load_options``); a bad ``--option`` is a ``CliError``.
+        ``documents``: the context is read from files, so with no ``--method`` it gets ``DOCUMENTS_METHOD``
+        (its options under any ``--option`` given), else REFORM."""
+        from ..methods import DOCUMENTS_METHOD
+        method, options = self.method or "reform", parse_options(self.option, self.profile)
+        if self.method is None and documents:
+            method, options = DOCUMENTS_METHOD[0], {**DOCUMENTS_METHOD[1], **options}
+        return load_options(self.model, method, self.heads, self.chunk_size, self.cache_budget,
+                            self.recompute_budget, self.device, self.dtype, self.chat_template, options)
 
     def method_flags_given(self) -> list[str]:
         """The flags given that choose the method or its options (a saved context fixes those)."""
-        given = {"--method": self.method != "reform", "--heads": self.heads, "--chunk-size": self.chunk_size,
+        given = {"--method": self.method is not None, "--heads": self.heads, "--chunk-size": self.chunk_size,
                  "--cache-budget": self.cache_budget, "--recompute-budget": self.recompute_budget,
                  "--option": self.option, "--profile": self.profile, "--no-chat-template": not self.chat_template}
         return [flag for flag, value in given.items() if value]
 
 
-_LOAD_OPTIONS = {"model": (Optional[str], ModelOpt), "method": (str, MethodOpt), "heads": (Optional[str], HeadsOpt),
+_LOAD_OPTIONS = {"model": (Optional[str], ModelOpt), "method": (Optional[str], DocumentMethodOpt), "heads": (Optional[str], HeadsOpt),
                  "chunk_size": (Optional[int], ChunkOpt), "cache_budget": (Optional[int], CacheOpt),
                  "recompute_budget": (Optional[int], RecomputeOpt), "device": (Optional[str], DeviceOpt),
                  "dtype": (Optional[str], DtypeOpt), "option": (Optional[list[str]], OptionOpt),

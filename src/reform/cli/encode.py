@@ -46,7 +46,7 @@ def encode(source: str = typer.Argument(..., help="a document (PDF, DOCX, HTML, 
             raise CliError("--ray encodes into a store: give --store FOLDER_OR_URL")
         if checkpoint_minutes is not None and output is None:
             raise CliError("--checkpoint-minutes is for one document (--out FILE)")
-        load = args.load()
+        load = args.load(documents=True)
         if checkpoint_minutes is not None:
             refuse_checkpoint(load["method"])
     except CliError as e:

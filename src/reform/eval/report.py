@@ -155,12 +155,18 @@ def _grid(metrics: dict, show) -> list[str]:
                 body.append([task, format_length(length), _count(line), *map(show, line)])
     if len(metrics["tasks"]) > 1:
         avg = {(c["length"], c["method"]): c for c in metrics["by_length"]}
-        for length in metrics["lengths"]:
+        shared = [length for length in metrics["lengths"]
+                  if max((c["tasks"] for c in metrics["by_length"] if c["length"] == length), default=0) > 1]
+        for length in shared:
             line = [avg.get((length, m)) for m in methods]
             most = max((c["tasks"] for c in line if c is not None), default=0)
             partial = lambda c: "" if c is None or c["tasks"] == most else f" ({c['tasks']} of {most} tasks)"
             body.append(["**mean over tasks**", format_length(length), _count(line),
                          *(show(c) + partial(c) for c in line)])
+        if not shared:      # every task at lengths of its own (real documents): one line over all the rows
+            overall = {c["method"]: c for c in metrics["by_method"]}
+            line = [overall.get(m) for m in methods]
+            body.append(["**all rows**", "all", _count(line), *map(show, line)])
     return _table(["task", "length", "n", *methods], body)
 
 
