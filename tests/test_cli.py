@@ -183,3 +183,17 @@ def test_documents_through_ask_and_encode_with_their_evidence(tiny_model_dir, tm
     assert r.exit_code == 0 and documents <= {"book.docx", "book.epub", "book.html", "book.pdf", "make.py"}
     r = run("ask", str(tmp_path / "missing.pdf"), "-q", "What?")
     assert r.exit_code == 2 and "file not found" in r.output
+
+
+def test_documents_get_the_documents_method_unless_one_is_named():
+    """`reform ask FILE` and `reform encode` run REFORM+RAG with dense and BM25 scores when no --method is
+    given (docs/methods.md, "Documents"); other commands, or a method named, keep what was asked."""
+    from reform.cli.common import LoadArgs
+    docs = LoadArgs().load(documents=True)
+    assert (docs["method"], docs["retriever"]) == ("reform+rag", "dense+bm25")
+    assert LoadArgs(option=["retriever=bm25", "weight=0.3"]).load(documents=True) | {"model": None} == \
+        docs | {"retriever": "bm25", "weight": 0.3}
+    assert LoadArgs().load()["method"] == "reform" and "retriever" not in LoadArgs().load()
+    named = LoadArgs(method="reform").load(documents=True)
+    assert named["method"] == "reform" and "retriever" not in named
+    assert LoadArgs(method="reform").method_flags_given() == ["--method"] and LoadArgs().method_flags_given() == []
