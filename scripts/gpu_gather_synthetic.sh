@@ -22,11 +22,6 @@ METHODS=${METHODS:-reform,reform+rag:retriever=dense+bm25}
 LENGTHS=${LENGTHS:-32k,64k,128k}; SAMPLES=${SAMPLES:-2}
 TASKS=${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt}
 T_RULER=${T_RULER:-300}; T_NIAH=${T_NIAH:-100}; T_BABILONG=${T_BABILONG:-120}
-PYTHON=${PYTHON:-python3}; reform=("$PYTHON" -m reform)
-"$PYTHON" -c "import reform" 2>/dev/null || { echo "reform is not importable: set PYTHONPATH=\$PWD/src" >&2; exit 2; }
-mkdir -p "$out" || exit 2
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-
 PACK=gather-synthetic.tgz
 source "$(dirname "$0")/gpu_eval_step.sh"
 

@@ -24,11 +24,6 @@ STEPS=${STEPS:-cpu128,cpu1m,gpuruler,gpu1m}
 L128=${L128:-128k}; L1M=${L1M:-1M}; SAMPLES=${SAMPLES:-5}
 T_CPU128=${T_CPU128:-120}; T_CPU1M=${T_CPU1M:-330}; T_GPURULER=${T_GPURULER:-240}; T_GPU1M=${T_GPU1M:-100}
 TASKS=${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt}
-PYTHON=${PYTHON:-python3}; reform=("$PYTHON" -m reform)
-"$PYTHON" -c "import reform" 2>/dev/null || { echo "reform is not importable: set PYTHONPATH=\$PWD/src" >&2; exit 2; }
-mkdir -p "$out" || exit 2
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-
 PACK=gemma-bf16.tgz
 source "$(dirname "$0")/gpu_eval_step.sh"
 
