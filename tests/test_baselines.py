@@ -292,6 +292,34 @@ def test_reform_rag_mixes_the_retrievers_it_names(tokenizer):
         Pipeline(tiny(), TextTokenizer(), method="reform+rag", retriever="tfidf", heads="1:v:0")
 
 
+
+def test_pooled_passage_scores_reach_across_a_passage_boundary():
+    """pool_passages: the mixed passage scores are max-pooled over ``pool_window`` as REFORM's are, so a value
+    a few tokens past a passage boundary scores with the passage that names its key. Unpooled, that value's
+    own passage shares no word with the question and is left out; pooled, the tokens around the boundary
+    come with the key's passage (weight 1: the passage scores alone decide)."""
+    filler = [p.ljust(100) for p in (PASSAGES[0], PASSAGES[2], PASSAGES[3])]
+    key = "The secret launch code for the rocket, kept by the captain in a small locked box, is".rjust(100)
+    value = " 4711 and nothing else here.".ljust(100)
+    context = "".join(filler * 2 + [key, value] + filler * 2)
+    opts = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, passage_tokens=100, pool_window=21,
+                retriever="bm25", weight=1.0)
+    kept = {}
+    for pooled in (False, True):
+        pipe = Pipeline(tiny(), TextTokenizer(), method="reform+rag", pool_passages=pooled, **opts,
+                        recompute_budget=2 * 16 + 100 + 20)
+        assert pipe.method.config.gather_keep == 16
+        ctx = pipe.encode(context)
+        ids = ctx.ids.tolist()
+        digits = [3 + b - 32 for b in b"4711"]       # CharTokenizer's ids
+        at = next(i for i in range(len(ids)) if ids[i:i + 4] == digits)
+        kept[pooled] = set(pipe.method.select(ctx, pipe.templater.question("What is the secret launch code?"),
+                                              Timer()).tolist())
+        assert set(range(at - 90, at - 1)) <= kept[pooled]            # the key's passage either way
+        assert all(i in kept[pooled] for i in range(at, at + 4)) == pooled, pooled    # its value only pooled
+    with pytest.raises(ValueError, match="pool_passages"):
+        Pipeline(tiny(), TextTokenizer(), method="reform+rag", pool_passages="maybe", heads="1:v:0")
+
 # ------------------------------------------------------------------ full attention
 def test_full_warns_past_the_window_and_still_equals_plain_generation(tiny_model, tokenizer):
     pipe = Pipeline(tiny_model, tokenizer, method="full")

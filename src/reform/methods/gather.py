@@ -18,7 +18,9 @@ token. Two kinds of needle defeat that:
   the budget goes to what they match.
 
 ``rag`` and ``ragpeaks1``: REFORM+RAG's gather (its dense passage scores mixed into REFORM's) without and
-with ``run_peaks``, to decide whether the hybrid takes it by default too.
+with ``run_peaks``, to decide whether the hybrid takes it by default too. ``ragboth``: the documents gather
+(``retriever=dense+bm25``); ``ragbothpool``: the same with ``pool_passages``, the passage scores max-pooled
+as REFORM's are, so a needle just past a passage boundary keeps the score of the passage that names it.
 
 Each function returns the indices (ascending) of the gathered tokens with the method's budget and ends.
 """
@@ -33,7 +35,8 @@ from ..engine.policies import forced_mask
 from ..stats import Timer
 from .reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
                      token_scores)
-from .reform_rag import ReformRag, ReformRagConfig
+from .rag import PassageIndex
+from .reform_rag import RETRIEVERS, ReformRag, ReformRagConfig, retriever
 
 RARE = 8             # a token id seen at most this often in the context is "rare" (a name, a key, a number)
 EXPAND = 32          # tokens on each side of a first-round peak that may join the second round's query
@@ -79,15 +82,20 @@ def forced_peaks(ctx, part, peaks: int) -> torch.Tensor:
     return gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)
 
 
-def with_rag(ctx, part, peaks: int) -> torch.Tensor:
-    """REFORM+RAG's gather (REFORM §4.4) on a REFORM context, with ``run_peaks`` = ``peaks``: REFORM's
-    options, the hybrid's own defaults (weight, passage size). The dense passage index is built on first
-    use and kept in ``ctx.extra`` (REFORM+RAG builds it at encode time)."""
+def with_rag(ctx, part, peaks: int, **options) -> torch.Tensor:
+    """REFORM+RAG's gather (REFORM §4.4) on a REFORM context, with ``run_peaks`` = ``peaks`` and the hybrid's
+    ``options`` (``retriever``, ``pool_passages``): REFORM's options, the hybrid's own defaults otherwise.
+    Each passage index is built on first use and kept in ``ctx.extra`` (REFORM+RAG builds them at encode
+    time)."""
     c = ctx.method.config
     config = ReformRagConfig(**{f.name: getattr(c, f.name) for f in fields(c)})
-    method = ReformRag(replace(config, match_run=0, run_peaks=peaks))
-    if "passages" not in ctx.extra:
-        ctx.extra["passages"] = method.indexes(ctx.pipeline, ctx.ids)
+    method = ReformRag(replace(config, match_run=0, run_peaks=peaks, **options))
+    built = ctx.extra.setdefault("all_passages", {})      # every retriever's index, whichever variant asked
+    for kind in RETRIEVERS[method.config.retriever]:
+        if kind not in built:
+            built[kind] = PassageIndex.build(ctx.pipeline, ctx.ids, config.passage_tokens,
+                                             retriever(kind, ctx.pipeline.engine.device))
+    ctx.extra["passages"] = {kind: built[kind] for kind in RETRIEVERS[method.config.retriever]}
     return method.select(ctx, part, Timer())
 
 
@@ -119,4 +127,6 @@ VARIANTS = {"paper": paper, "rounds2": rounds2,
             **{f"paper+aligned{run}": (lambda run: lambda ctx, part: matched(ctx, part, run))(run) for run in (8, 16)},
             **{f"runpeaks{k}": (lambda k: lambda ctx, part: run_peaks(ctx, part, k))(k) for k in (1, 2)},
             **{f"forcedpeaks{k}": (lambda k: lambda ctx, part: forced_peaks(ctx, part, k))(k) for k in (1, 2)},
-            "rag": lambda ctx, part: with_rag(ctx, part, 0), "ragpeaks1": lambda ctx, part: with_rag(ctx, part, 1)}
+            "rag": lambda ctx, part: with_rag(ctx, part, 0), "ragpeaks1": lambda ctx, part: with_rag(ctx, part, 1),
+            "ragboth": lambda ctx, part: with_rag(ctx, part, 0, retriever="dense+bm25"),
+            "ragbothpool": lambda ctx, part: with_rag(ctx, part, 0, retriever="dense+bm25", pool_passages=True)}

@@ -13,7 +13,7 @@ from .base import Context, Runtime, register
 from .checkpoint import Checkpoint
 from .options import added_later, require_positive
 from .rag import PassageIndex
-from .reform import Reform, ReformConfig
+from .reform import Reform, ReformConfig, max_pool
 from .retrievers import BM25, Dense, Retriever
 
 
@@ -43,6 +43,10 @@ class ReformRagConfig(ReformConfig):
     retriever: str = field(default="dense", metadata=added_later("dense"))
     # REFORM's run_peaks, off here by default: its recall was measured on REFORM's ranking, not on this mix
     run_peaks: int = field(default=0, metadata=added_later(0))
+    # the mixed passage scores max-pooled over ``pool_window`` before the mix, as REFORM pools its own token
+    # scores (§3.3): a needle a few tokens past a passage boundary then scores with the passage that holds
+    # its key, not with its own (docs/methods.md, "Documents"). Not in the paper; off here, on for documents
+    pool_passages: bool = field(default=False, metadata=added_later(False))
 
     def check(self, shape) -> None:
         super().check(shape)
@@ -87,10 +91,14 @@ class ReformRag(Reform):
 
     def ranking(self, ctx: Context, part: QuestionPart, query: torch.Tensor) -> torch.Tensor:
         """REFORM's ranking mixed with the retrievers' passage scores, each standardised; several retrievers
-        share the ``weight`` equally (``run_peaks`` then lifts what this misses)."""
+        share the ``weight`` equally, and ``pool_passages`` max-pools their mean as REFORM's scores are
+        pooled (``run_peaks`` then lifts what this misses)."""
         reform = super().ranking(ctx, part, query)
         question = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
         indexes = ctx.extra["passages"].values()
-        passages = sum(standardize(p.token_scores(question, reform.shape[0]).to(reform.device)) for p in indexes)
+        passages = sum(standardize(p.token_scores(question, reform.shape[0]).to(reform.device))
+                       for p in indexes) / len(indexes)
+        if self.config.pool_passages:
+            passages = max_pool(passages, self.config.pool_window)
         w = self.config.weight
-        return (1 - w) * standardize(reform) + w * passages / len(indexes)
+        return (1 - w) * standardize(reform) + w * passages
