@@ -242,6 +242,54 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
         fail(e)
 
 
+@app.command("infinitebench")
+def infinitebench(data_dir: Path = typer.Argument(..., help="the folder of ∞-Bench's official files (passkey.jsonl, "
+                                                  "longbook_qa_eng.jsonl, ...), or where --generate writes"),
+                  methods: str = MethodsOpt,
+                  tasks: Optional[str] = typer.Option(None, "--tasks", help="comma-separated official task names "
+                                                      "(default: the paper's 10; with --generate: the 6 synthetic)"),
+                  samples: Optional[int] = typer.Option(None, "--samples", min=1, help="examples per task, spread "
+                                                        "evenly through its file (default: all)"),
+                  generate: bool = typer.Option(False, "--generate", help="write the synthetic tasks into DATA_DIR "
+                                                "by the official recipes at --length, then stop"),
+                  length: Optional[str] = typer.Option(None, "--length", help="with --generate: about how many "
+                                                       "tokens each context has (128k, 1M, ...)"),
+                  seed: int = typer.Option(0, "--seed", help="with --generate"),
+                  out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
+                  fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+                  model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+    """∞-Bench from its official files, prompts, generation lengths and scorers (REFORM Table 3); --generate
+    writes its synthetic tasks at any length (docs/evaluation.md)."""
+    from ..eval.benchmarks import infinitebench as ib
+    try:
+        if generate:
+            if length is None:
+                raise CliError("--generate needs --length (e.g. 128k)")
+            from ..eval.specs import parse_lengths
+            with refused():
+                lengths = parse_lengths(length)
+                if len(lengths) != 1:
+                    raise ValueError("--length takes one length")
+                written = ib.generate(data_dir, lengths[0], samples or 5, seed, _split(tasks))
+            err.print(f"wrote {', '.join(str(p) for p in written)}", markup=False, highlight=False)
+            return
+        if length is not None:
+            raise CliError("--length applies only with --generate (the official files set their own lengths)")
+        if not data_dir.is_dir():
+            raise CliError(f"folder not found: {data_dir}")
+        with refused():
+            chosen = ib.check_tasks(_split(tasks))
+
+        def rows_for(tokenizer):
+            with refused():
+                return ib.load_rows(data_dir, tokenizer, chosen, samples)
+        evaluate(methods, out_dir or Path("runs/eval-infinitebench"), model, device, dtype, rows_for=rows_for,
+                 meta={"suite": "infinitebench", "source": str(data_dir), "tasks": chosen, "samples": samples},
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+    except CliError as e:
+        fail(e)
+
+
 @app.command("report")
 def report(run_dir: Path = typer.Argument(..., help="an evaluation's output folder"),
            plots: bool = typer.Option(True, "--plots/--no-plots")):

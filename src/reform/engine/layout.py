@@ -104,14 +104,20 @@ class Templater:
                 at += len(self.tok.decode([i]))
         return self.prefix + ids, [-1] * len(self.prefix) + starts
 
-    def question(self, question: str, answer_prefix: str = "", after_context: bool = True) -> QuestionPart:
+    def question(self, question: str, answer_prefix: str = "", after_context: bool = True,
+                 verbatim: bool = False) -> QuestionPart:
         """The question's ids after the context (``after_context`` False: the question is the whole
-        prompt, so nothing separates it from a context)."""
+        prompt, so nothing separates it from a context). ``verbatim``: the question and the answer prefix
+        are laid out exactly as given, with no separator and no labels, so that context + question + answer
+        prefix is a benchmark's own prompt (a chat template still wraps them in its turn)."""
         words = question
         for special in self.special_strings:
             words = words.replace(special, "")
         if not words.strip():
             raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
+        if verbatim:
+            tail = [] if self.plain else self.template_ids(self.tail)
+            return QuestionPart([], self.encode(question), tail + self.encode(answer_prefix))
         if self.plain:      # "...context\n\nQuestion: QUESTION\nAnswer: PREFIX"
             label = PLAIN_QUESTION if after_context else PLAIN_QUESTION.lstrip()
             return QuestionPart(self.template_ids(label), self.encode(" " + question.strip()),

@@ -88,8 +88,11 @@ class Context:
 
     def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
             on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
-            seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False) -> Answer:
+            seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False,
+            verbatim: bool = False) -> Answer:
         """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated.
+        ``verbatim``: the question and answer prefix follow the context exactly as given (a benchmark's own
+        prompt, ``Templater.question``).
         Greedy at ``temperature`` 0 (the default); otherwise sampled (``top_p``, ``seed``); the answer
         ends before the first of the ``stop`` strings. A prompt plus ``max_new_tokens`` past the model's
         window is refused, unless ``fit_window``: then ``max_new_tokens`` is an upper bound, lowered to the
@@ -107,7 +110,8 @@ class Context:
             raise TypeError(f"on_text must be a function that takes the new text, got {on_text!r}")
         sampling = Sampling(temperature, top_p, seed, stop)
         templater = self.pipeline.templater
-        part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix))
+        part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix),
+                                  verbatim=verbatim)
         with self.pipeline.engine.input_rows(self.image_rows):
             answer = self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
                                         sampling=sampling, fit_window=fit_window)

@@ -9,6 +9,7 @@
   (``row.meta["labels"]``, e.g. the six locations) that appear in it, less those named in the question,
   must be exactly the gold label. Labels are matched as whole words (BABILong uses substrings, which
   lets ``Mary`` match inside ``summary``).
+* ``infinitebench``: ∞-Bench's official scorer for the row's task (:mod:`reform.eval.benchmarks.infinitebench`).
 
 Predictions are cleaned as RULER does: control characters become newlines and the ends are stripped.
 """
@@ -55,7 +56,7 @@ def choice_match(prediction: str, letter: str) -> float:
     return float(found is not None and found.group(1) == letter)
 
 
-METRICS = ("string_match_all", "string_match_part", "contains", "babilong", "choice")
+METRICS = ("string_match_all", "string_match_part", "contains", "babilong", "choice", "infinitebench")
 
 
 def score(row: Row, prediction: str) -> float:
@@ -70,4 +71,7 @@ def score(row: Row, prediction: str) -> float:
                    default=0.0)
     if metric == "choice":
         return max(choice_match(prediction, a) for a in row.answers)
+    if metric == "infinitebench":          # the official scorer of the row's task, on its official label
+        from ..benchmarks.infinitebench import score as infinitebench_score
+        return infinitebench_score(row.task.split("/", 1)[1], prediction, row.meta["label"])
     raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")

@@ -1,0 +1,533 @@
+"""∞-Bench (Zhang et al., 2024, "∞Bench: Extending Long Context Evaluation Beyond 100K Tokens") as REFORM runs
+it (Table 3: 10 of its 12 tasks; Code.Run and Math.Calc are left out because no method scores above zero).
+
+Everything that decides a score is the official code's, from github.com/OpenBMB/InfiniteBench (MIT):
+
+* the files, read by their names (``DATA_NAME_TO_PATH`` of ``src/eval_utils.py``): one ``.jsonl`` per task
+  with ``id``, ``context``, ``input``, ``answer`` and ``options``; an answer may be a string, a number or a
+  list, as the released files have them;
+* the prompts: ``yarn_mistral_templates`` of ``src/prompt.py``, the set its open models (Yarn-Mistral, Yi,
+  ChatGLM3) were run with, filled as ``create_prompt`` fills them. REFORM needs the context apart from the
+  question, so each prompt is split where its context ends: the text up to the end of the context is
+  encoded, the rest is the question, and its last line (``The pass key is``, ``Answer:``) the answer
+  prefix. Joined again they are the official prompt, character for character (``Row.verbatim``);
+* the generation lengths: ``DATA_NAME_TO_MAX_NEW_TOKENS`` of ``src/eval_utils.py``;
+* the scorers: ``get_score_one_*`` of ``src/compute_scores.py``, including their quirks (an En.MC answer
+  that starts with ``(`` scores 0). En.Sum's ROUGE-Lsum comes from ``rouge-score``, the library under
+  Hugging Face ``evaluate``'s ``rouge`` that the official code calls.
+
+Methods that read a window's worth (``truncate``) keep the start and the end, the official middle
+truncation (``truncate_input(..., manner="middle")``).
+
+``generate`` writes the six synthetic tasks by the recipes of ``data/construct_synthetic_dataset.py``
+(passkey, number_string, kv_retrieval, math_find, math_calc, code_run), in the official schema, scaled from
+their 128k sizes to any length: a user without the download can run them at 1M tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from ..rows import Row
+
+TASKS = ("passkey", "number_string", "kv_retrieval", "longbook_sum_eng", "longbook_choice_eng", "longbook_qa_eng",
+         "longbook_qa_chn", "longdialogue_qa_eng", "math_find", "math_calc", "code_run", "code_debug")
+PAPER_TASKS = tuple(t for t in TASKS if t not in ("math_calc", "code_run"))       # REFORM Table 3
+SYNTHETIC = ("passkey", "number_string", "kv_retrieval", "math_find", "math_calc", "code_run")
+
+# src/eval_utils.py, DATA_NAME_TO_MAX_NEW_TOKENS
+MAX_NEW_TOKENS = {"passkey": 6, "number_string": 12, "kv_retrieval": 50, "longbook_sum_eng": 1200,
+                  "longbook_choice_eng": 40, "longbook_qa_eng": 40, "longbook_qa_chn": 40,
+                  "longdialogue_qa_eng": 40, "math_find": 3, "math_calc": 30000, "code_run": 5, "code_debug": 5}
+
+# src/prompt.py, yarn_mistral_templates, verbatim
+TEMPLATES = {
+    "passkey": "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about the important information.\n\n{context}\n\n{input}\n\nThe pass key is",  # noqa: E501
+    "number_string": "There is an important info hidden inside a lot of irrelevant text. Find it. I will quiz you about the important information there.\n\n{context}\n\n{input}\n\nThe sequence of digits is",  # noqa: E501
+    "kv_retrieval": "Extract the value corresponding to the specified key in the JSON object below.\n\n{context}\n\n{input}",  # noqa: E501
+    "longbook_sum_eng": "Summarize the book below.\n\n{context}\n\nSummary:",
+    "longbook_choice_eng": "Read the book and answer the question.\n\n{context}\n\nQuestion: {question}\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}\n\nThe letter of the correct answer is",  # noqa: E501
+    "longbook_qa_eng": "Read the book and answer the question. Be very concise in your answer.\n\n{context}\n\nQuestion: {question}\nAnswer:",  # noqa: E501
+    "longbook_qa_chn": "阅读以下书籍然后回答问题。\n\n{context}\n\n问题：{question}\n答案：",
+    "math_find": "{prefix}\n\n{context}\n\n{input}",
+    "math_calc": "Let us calculate the intermediate values of an expression.\n\nExpression: 1 + 3 + 4\nValues: [1, 4, 8]\n\nExpression: 8 - 3 + 2 - 4\nValues: [8, 5, 7, 3]\n\nExpression: {context}\nValues:",  # noqa: E501
+    "code_run": "There is a function called {func} in the following Python code.\n\n{context}\n\nPlease compute the exact value of {func_call}. The value of {func_call} is",  # noqa: E501
+    "code_debug": "Following is a Python code where exactly one of the functions/methods has a deliberate error that makes it crash.\n\n{context}\n\nOptions:\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}\n\nThe correct option is:",  # noqa: E501
+    "longdialogue_qa_eng": "Below is a dialogue script where one random occurrence of a character name is replaced with \"$$MASK$$\", and you should try to guess who that character is.\n\n{context}\n\nThe name that has been replaced with $$MASK$$ is likely",  # noqa: E501
+}
+
+
+class BenchmarkFileError(ValueError):
+    """A missing or malformed benchmark file; the message names the file and line."""
+
+
+# ------------------------------------------------------------------ prompts (src/eval_utils.py, create_prompt)
+def prompt_fields(example: dict, task: str) -> dict:
+    """The template's fields for ``example``, filled as ``create_prompt`` fills them."""
+    fields = {"context": example["context"]}
+    options = example.get("options") or []
+    if task in ("longbook_choice_eng", "code_debug"):
+        if len(options) < 4:
+            raise ValueError(f"{task} needs four 'options', got {len(options)}")
+        fields.update({f"OPTION_{letter}": options[i] for i, letter in enumerate("ABCD")})
+    if task in ("longbook_choice_eng", "longbook_qa_eng", "longbook_qa_chn"):
+        fields["question"] = example["input"]
+    elif task == "code_run":
+        calls = re.findall(r"func_[0-9]+\(\-?[0-9]+\)", example["input"])
+        if not calls:
+            raise ValueError("code_run's 'input' names no call like func_12(3)")
+        fields.update(func_call=calls[0], func=calls[0].split("(")[0])
+    elif task == "math_find":
+        found = re.findall(r"The .+ of", example["input"])
+        if not found:
+            raise ValueError("math_find's 'input' names no target ('The ... of')")
+        fields.update(prefix=f"What is {found[0].lower()[:-3]} in the following list?", input=example["input"])
+    else:
+        fields["input"] = example["input"]
+    return fields
+
+
+def official_prompt(example: dict, task: str) -> str:
+    return TEMPLATES[task].format(**prompt_fields(example, task))
+
+
+def split_prompt(example: dict, task: str) -> tuple[str, str, str]:
+    """``(context, question, answer_prefix)``: the official prompt cut where its context ends, and the rest's
+    last line taken as the answer prefix when a question remains before it. Their concatenation is
+    ``official_prompt``."""
+    fields = prompt_fields(example, task)
+    before, after = TEMPLATES[task].split("{context}")
+    rest = after.format(**fields)
+    cut = rest.rfind("\n") + 1
+    question, prefix = (rest[:cut], rest[cut:]) if rest[:cut].strip() else (rest, "")
+    return before.format(**fields) + fields["context"], question, prefix
+
+
+def official_label(example: dict, task: str):
+    """``get_answer``: the option text and its letter for the two multiple-choice tasks, else the answer."""
+    answer = example["answer"]
+    if task not in ("code_debug", "longbook_choice_eng"):
+        return answer
+    options = example.get("options") or []
+    if isinstance(answer, list) and len(answer) == 2 and answer[1] in ("A", "B", "C", "D"):
+        return answer
+    text = answer[0] if isinstance(answer, list) and len(answer) == 1 else answer
+    if not isinstance(text, str) or text not in options[:4]:
+        raise ValueError(f"the answer {answer!r} is not one of the four options")
+    return [text, "ABCD"[options.index(text)]]
+
+
+# ------------------------------------------------------------------ scorers (src/compute_scores.py)
+def normalize_answer(s: str) -> str:
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+
+ZH_PUNCTUATION = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."  # noqa: E501
+
+
+def normalize_zh_answer(s: str) -> str:
+    drop = set(string.punctuation + ZH_PUNCTUATION)
+    return "".join("".join(ch for ch in s.lower() if ch not in drop).split())
+
+
+def f1(prediction: list, truth: list) -> float:
+    same = sum((Counter(prediction) & Counter(truth)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(prediction), same / len(truth)
+    return 2 * precision * recall / (precision + recall)
+
+
+def as_list(label) -> list:
+    return label if isinstance(label, list) else [label]
+
+
+def qa_f1(pred: str, label) -> float:
+    """En.QA: the best token F1 over the gold answers, after SQuAD's normalisation."""
+    return max(f1(normalize_answer(pred).split(), normalize_answer(g).split()) for g in as_list(label))
+
+
+def qa_f1_zh(pred: str, label) -> float:
+    """Zh.QA: the best character F1 over the gold answers."""
+    return max(f1(list(normalize_zh_answer(pred)), list(normalize_zh_answer(g))) for g in as_list(label))
+
+
+def first_int(pred: str) -> str:
+    return next((item for item in re.split("[^0-9]", pred) if item), "")
+
+
+def words_after(pred: str, chars: str) -> list[str]:
+    for c in chars:
+        pred = pred.replace(c, " ")
+    return pred.split()
+
+
+def score_digits(pred: str, label) -> float:
+    """passkey and number_string: the prediction's first run of digits is the label."""
+    return float(as_list(label)[0] == first_int(pred))
+
+
+def score_kv(pred: str, label) -> float:
+    return float(label in words_after(pred, "\n:\"'.,?!{}"))
+
+
+def score_code_run(pred: str, label) -> float:
+    words = words_after(pred.strip(), "\n.`'\":")
+    try:
+        return float(bool(words) and as_list(label)[0] == int(words[-1]))
+    except ValueError:
+        return 0.0
+
+
+def score_code_debug(pred: str, label) -> float:
+    pred, (fn_name, letter) = pred.strip(), label
+    if pred[:2] in (f"{letter}.", f"{letter}:"):
+        return 1.0
+    for c in ("\n", "`", "'", '"', "-", "*", "Option", "option"):
+        pred = pred.replace(c, " ")
+    while "  " in pred:
+        pred = pred.replace("  ", " ")
+    for prefix in ("answer is:", "is:", "answer:", "correct option is:"):
+        at = pred.find(prefix)
+        if at == -1:
+            continue
+        if len(pred) < at + len(prefix) + 1:
+            return 0.0
+        return float(pred[at + len(prefix) + 1:].startswith((letter, fn_name)))
+    return 0.0
+
+
+def score_math_find(pred: str, label) -> float:
+    label = as_list(label)[0]
+    found = re.search(r"\d+\.\d+|\d+", pred)
+    if isinstance(label, bool) or not isinstance(label, (int, float)):
+        raise TypeError(f"math_find's label must be a number, got {type(label).__name__}")
+    if found is None:
+        return 0.0
+    if isinstance(label, int):       # the official int("4.5") raises on such a prediction: it scores 0 here
+        return float("." not in found.group(0) and int(found.group(0)) == label)
+    return float(float(found.group(0)) == label)
+
+
+def score_dialogue(pred: str, label) -> float:
+    return float(as_list(label)[0] in [w.upper() for w in words_after(pred.strip(), "\n:\"'.,?!{}")])
+
+
+def score_choice(pred: str, label) -> float:
+    """En.MC: the first letter, else a letter after an answer phrase, else the first lone A-D word."""
+    pred = pred.strip()
+    if pred == "":
+        return 0.0
+    if pred[0] in "ABCD":
+        return float(pred[0] in label)
+    if pred in label:
+        return 1.0
+    for c in ("\n", '"', "'", ".", ",", "?", "!", "{", "}"):
+        pred = pred.replace(c, " ")
+    while "  " in pred:
+        pred = pred.replace("  ", " ")
+    for prefix in ("answer is:", "answer:", "answer is", "option is"):
+        at = pred.find(prefix)
+        if at == -1:
+            continue
+        if len(pred) < at + len(prefix) + 1:
+            return 0.0
+        return float(any(pred[at + len(prefix) + 1:].startswith(s) for s in label))
+    return next((float(w in label) for w in pred.split() if w in "ABCD"), 0.0)
+
+
+def score_sum(pred: str, label) -> float:
+    """En.Sum: ROUGE-Lsum F1 (``evaluate``'s ``rouge``: rouge-score, no stemmer), the best gold summary."""
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=False)
+    return max(scorer.score(g, pred)["rougeLsum"].fmeasure for g in as_list(label))
+
+
+def score_math_calc(pred: str, label) -> float:
+    """Math.Calc: the share of intermediate values right before the first wrong one (a non-GPT-4 model)."""
+    label = label[0] if isinstance(label[0], list) else label
+    numbers = [int(item) for item in re.split("[^0-9]", pred) if item]
+    right = 0
+    for want, got in zip(label, numbers):
+        if want != got:
+            break
+        right += 1
+    return right / len(label)
+
+
+SCORERS = {"passkey": score_digits, "number_string": score_digits, "kv_retrieval": score_kv,
+           "code_run": score_code_run, "code_debug": score_code_debug, "math_find": score_math_find,
+           "math_calc": score_math_calc, "longdialogue_qa_eng": score_dialogue, "longbook_choice_eng": score_choice,
+           "longbook_qa_eng": qa_f1, "longbook_qa_chn": qa_f1_zh, "longbook_sum_eng": score_sum}
+
+
+def score(task: str, prediction: str, label) -> float:
+    """The official score of ``prediction`` on ``task`` (``get_score_one``), 0..1."""
+    return float(SCORERS[task](prediction, label))
+
+
+# ------------------------------------------------------------------ rows
+def evidence(example: dict, task: str, label) -> list[str]:
+    """What a gather must hold for the answer: the needle's sentence, the key's JSON pair or the right
+    option's text; elsewhere the answers themselves (checked only where they occur once)."""
+    context = example["context"]
+    if task in ("passkey", "number_string"):
+        line = next((ln for ln in context.split("\n") if str(as_list(label)[0]) in ln), "")
+        return [line] if line else []
+    if task == "kv_retrieval":
+        key = re.search(r'Key: "([^"]+)"', example["input"])
+        return [f'"{key.group(1)}": "{label}"'] if key else []
+    if task in ("code_debug", "longbook_choice_eng"):
+        return [label[0]]
+    return []
+
+
+def as_answers(label) -> list[str]:
+    if isinstance(label, list) and label and all(isinstance(x, int) for x in label):
+        return [", ".join(map(str, label))]                 # math_calc's intermediate values
+    return [str(x) for x in as_list(label)] or [""]
+
+
+def spread(n: int, samples: int | None) -> list[int]:
+    """``samples`` indices spread evenly over ``n`` (each the middle of its share), or all of them."""
+    if samples is None or samples >= n:
+        return list(range(n))
+    return sorted({int((i + 0.5) * n / samples) for i in range(samples)})
+
+
+def read_examples(path: Path) -> list[dict]:
+    examples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            example = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BenchmarkFileError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+        missing = [k for k in ("context", "input", "answer") if not isinstance(example, dict) or k not in example]
+        if missing:
+            raise BenchmarkFileError(f"{path} line {number}: missing {', '.join(missing)}")
+        example.setdefault("id", number - 1)
+        examples.append(example)
+    if not examples:
+        raise BenchmarkFileError(f"{path} holds no examples")
+    return examples
+
+
+def check_tasks(tasks: list[str] | None) -> list[str]:
+    chosen = list(PAPER_TASKS) if not tasks else tasks
+    unknown = [t for t in chosen if t not in TASKS]
+    if unknown:
+        raise ValueError(f"unknown ∞-Bench task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+    return chosen
+
+
+def load_rows(data_dir: str | Path, tokenizer, tasks: list[str] | None = None, samples: int | None = None) -> list[Row]:
+    """Rows of the official files in ``data_dir`` (``TASK.jsonl``), ``samples`` per task spread evenly; each
+    row's length is its context's token count under ``tokenizer``."""
+    data_dir, chosen = Path(data_dir), check_tasks(tasks)
+    missing = [f"{t}.jsonl" for t in chosen if not (data_dir / f"{t}.jsonl").is_file()]
+    if missing:
+        raise BenchmarkFileError(f"{data_dir} lacks {', '.join(missing)} (the official file names; pick others "
+                                 "with --tasks)")
+    rows = []
+    for task in chosen:
+        path = data_dir / f"{task}.jsonl"
+        examples = read_examples(path)
+        for i in spread(len(examples), samples):
+            example = examples[i]
+            try:
+                label = official_label(example, task)
+                context, question, prefix = split_prompt(example, task)
+            except (ValueError, KeyError, TypeError) as e:
+                raise BenchmarkFileError(f"{path} example {example['id']}: {e}") from None
+            length = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+            rows.append(Row(context=context, question=question, answers=as_answers(label),
+                            task=f"infinitebench/{task}", length=length, answer_prefix=prefix,
+                            max_new_tokens=MAX_NEW_TOKENS[task], sample=i, verbatim=True,
+                            meta={"metric": "infinitebench", "label": label, "id": example["id"],
+                                  "evidence": evidence(example, task, label)}))
+    return rows
+
+
+# ------------------------------------------------------------------ synthetic tasks (data/construct_synthetic_dataset.py)
+FULL = 128 * 1024
+# Items per context for 128k tokens of the default model's tokenizer (SmolLM2's, measured on generated files;
+# other tokenizers differ most on UUIDs and numbers), scaled linearly to other lengths. The official recipes
+# use 5220 noise lines, 2500 JSON pairs, 60000 and 30000 numbers and 550 functions for their files.
+PER_128K = {"noise_lines": 5220, "kv_pairs": 1867, "find_numbers": 33825, "calc_terms": 36330, "functions": 5805}
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+
+
+def scaled(count_at_128k: int, length: int) -> int:
+    return max(1, round(count_at_128k * length / FULL))
+
+
+def noise_with(needle: str, lines: int, depth: float) -> str:
+    before = round(lines * depth)
+    return NOISE * before + needle + NOISE * (lines - before)
+
+
+def depths(samples: int) -> list[float]:
+    """The official files sweep the needle from the start to the end: ``samples`` depths from 0 to 1."""
+    return [0.5] if samples == 1 else [i / (samples - 1) for i in range(samples)]
+
+
+def make_passkey(rng: random.Random, length: int, samples: int) -> list[dict]:
+    out = []
+    for depth in depths(samples):
+        key = "".join(str(rng.randint(0, 9)) for _ in range(5))
+        needle = f"The pass key is {key}. Remember it. {key} is the pass key.\n"
+        out.append({"input": "What is the pass key?", "context": noise_with(needle, scaled(PER_128K["noise_lines"], length), depth),
+                    "answer": key})
+    return out
+
+
+def make_number_string(rng: random.Random, length: int, samples: int) -> list[dict]:
+    out = []
+    for depth in depths(samples):
+        keys = [str(rng.randint(0, 9)) for _ in range(5)]
+        for k in range(5):                         # five digits repeated in place: ten digits
+            pos = rng.randint(0, 5 + k - 1)
+            keys.insert(pos, keys[pos])
+        key = "".join(keys)
+        needle = f"The sequence of digits is {key}. Remember it. {key} is the sequence of digits.\n"
+        out.append({"input": "What is the sequence of digits?", "answer": key,
+                    "context": noise_with(needle, scaled(PER_128K["noise_lines"], length), depth)})
+    return out
+
+
+def make_kv_retrieval(rng: random.Random, length: int, samples: int) -> list[dict]:
+    """JSON of UUID keys and values (lost-in-the-middle's records), the asked pair moving through it."""
+    out, pairs = [], scaled(PER_128K["kv_pairs"], length)
+    for i, depth in enumerate(depths(samples)):
+        records = [(str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                    str(uuid.UUID(int=rng.getrandbits(128), version=4))) for _ in range(pairs)]
+        key, value = records[min(round(depth * pairs), pairs - 1)]
+        text = "JSON data:\n{" + ", ".join(f'"{k}": "{v}"' for k, v in records) + "}"
+        out.append({"id": i, "context": text, "answer": value,
+                    "input": f'\nKey: "{key}"\nThe value associated with the specified key is: '})
+    return out
+
+
+FIND_PROMPTS = {"largest number": max, "second largest number": None, "third largest number": None,
+                "smallest number": min, "second smallest number": None, "third smallest number": None,
+                "median": None}
+
+
+def kth_distinct(values: list[int], k: int, largest: bool) -> int:
+    """The official way: drop every copy of the extreme value k-1 times, then take the extreme."""
+    left = sorted(set(values), reverse=largest)
+    return left[min(k, len(left)) - 1]
+
+
+def find_answer(target: str, values: list[int]):
+    if target == "median":
+        s, n = sorted(values), len(values)
+        return s[n // 2] if n % 2 else (s[n // 2] + s[n // 2 - 1]) / 2
+    k = {"": 1, "second ": 2, "third ": 3}[target.split("largest")[0].split("smallest")[0]]
+    return kth_distinct(values, k, "largest" in target)
+
+
+def make_math_find(rng: random.Random, length: int, samples: int) -> list[dict]:
+    out, size = [], scaled(PER_128K["find_numbers"], length)
+    for i in range(samples):
+        target = list(FIND_PROMPTS)[i % len(FIND_PROMPTS)]
+        if "smallest" in target or (target == "median" and rng.random() > 0.5):
+            low, high = rng.randint(0, int(99 * 0.2)), 99
+        else:
+            low, high = 0, rng.randint(int(99 * 0.8), 99)
+        values = [rng.randint(low, high) for _ in range(size)]
+        verb = "Calculate the median number" if target == "median" else f"Find the {target}"
+        out.append({"prompt": f"{verb} from the list below:", "context": str(values),
+                    "input": f"You should answer with only one number, no other words. The {target} of the list "
+                             "is: ", "answer": find_answer(target, values)})
+    return out
+
+
+def make_math_calc(rng: random.Random, length: int, samples: int) -> list[dict]:
+    out, size = [], scaled(PER_128K["calc_terms"], length)
+    for _ in range(samples):
+        value = rng.randint(0, 99)
+        text, values = str(value), []
+        for _ in range(1, size):
+            if rng.random() > 0.5:
+                term = rng.randint(0, 99 - value) if value + (n := rng.randint(0, 99)) > 99 else n
+                text, value = f"{text} + {term}", value + term
+            else:
+                term = rng.randint(0, value) if value - (n := rng.randint(0, 99)) < 0 else n
+                text, value = f"{text} - {term}", value - term
+            values.append(value)
+        out.append({"prompt": "Calculate the numerical expression and provide intermediate results only, for "
+                              "example, for the expression 1 + 3 + 10 - 8, output 4, 14, 6 without displaying the "
+                              "steps.\n\nCalculate the value of the expression below:",
+                    "context": text, "input": "The value of the numerical expression is: ", "answer": values})
+    return out
+
+
+def make_code_run(rng: random.Random, length: int, samples: int) -> list[dict]:
+    """Functions in layers, each calling one of the next layer with an offset; the last returns x plus one.
+    The official file's 550 functions are about 10k tokens; here as many as fill ``length``."""
+    out, total = [], scaled(PER_128K["functions"], length)
+    for i in range(samples):
+        layers = [2, 4, 6, 8, 10][i % 5]
+        per = max(1, total // layers)
+        names = rng.sample(range(1, 2 * total + 1), per * layers)
+        tiers = [names[t * per:(t + 1) * per] for t in range(layers)]
+        body, calls = {}, {}
+        for t, tier in enumerate(tiers):
+            for name in tier:
+                add = rng.randint(-12, 17)
+                inner = f"func_{rng.choice(tiers[t + 1])}(x)" if t < layers - 1 else "x"
+                calls[name] = (inner, add)
+                body[name] = f"def func_{name}(x):\n    return {inner}{'' if add == 0 else f' + {add}' if add > 0 else f' - {-add}'}\n"
+        first, x = rng.choice(tiers[0]), rng.randint(-10, 10)
+        value, name = x, first
+        chain = []
+        while True:                                   # follow the calls down to x
+            inner, add = calls[name]
+            chain.append(add)
+            if inner == "x":
+                break
+            name = int(inner[5:-3])
+        value = x + sum(chain)
+        content = "\nHere is the content of functions_module.py:\n\n" + "\n".join(body[n] for n in sorted(body))
+        out.append({"id": i, "context": content, "answer": value,
+                    "input": f"Please give me the exact number of the return value of func_{first}({x}). Your "
+                             "response should end with the sentence 'The return value is:'."})
+    return out
+
+
+MAKERS = {"passkey": make_passkey, "number_string": make_number_string, "kv_retrieval": make_kv_retrieval,
+          "math_find": make_math_find, "math_calc": make_math_calc, "code_run": make_code_run}
+
+
+def generate(out_dir: str | Path, length: int, samples: int, seed: int = 0, tasks: list[str] | None = None) -> list[Path]:
+    """Write ``TASK.jsonl`` for each synthetic task (all six by default) at about ``length`` tokens, ``samples``
+    examples each, deterministically by ``seed``; returns the files written."""
+    chosen = list(SYNTHETIC) if not tasks else tasks
+    unknown = [t for t in chosen if t not in SYNTHETIC]
+    if unknown:
+        raise ValueError(f"--generate writes only the synthetic tasks ({', '.join(SYNTHETIC)}), not "
+                         f"{', '.join(unknown)}")
+    if length < 1024 or samples < 1:
+        raise ValueError("--generate needs a length of at least 1k tokens and at least one sample")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for task in chosen:
+        rng = random.Random(f"{seed}-{task}-{length}")
+        examples = [{"id": i, "options": [], **e} for i, e in enumerate(MAKERS[task](rng, length, samples))]
+        path = out_dir / f"{task}.jsonl"
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples), encoding="utf-8")
+        tmp.replace(path)
+        written.append(path)
+    return written

@@ -1,0 +1,222 @@
+"""∞-Bench from its official files (reform.eval.benchmarks.infinitebench): the official prompts split and joined
+again, the official scorers on worked examples (quirks included), the loader on files in the official schema,
+the synthetic tasks checked independently of their generator, and the command end to end on a tiny model."""
+
+import json
+import re
+import statistics
+
+import pytest
+from typer.testing import CliRunner
+
+from reform.cli.main import app
+from reform.eval.benchmarks import infinitebench as ib
+from reform.eval.rows import Row
+from reform.eval.tasks.scoring import score as row_score
+
+from conftest import CharTokenizer
+
+OPTIONS = ["Paris", "Rome", "Oslo", "Bern"]
+EXAMPLES = {      # one example per task in the official schema, answers in the types the released files use
+    "passkey": {"context": "noise\nThe pass key is 71432. Remember it. 71432 is the pass key.\nnoise",
+                "input": "What is the pass key?", "answer": "71432"},
+    "number_string": {"context": "The sequence of digits is 1123456789.", "input": "What is the sequence of digits?",
+                      "answer": ["1123456789"]},
+    "kv_retrieval": {"context": 'JSON data:\n{"k1": "v1", "k2": "v2"}',
+                     "input": '\nKey: "k2"\nThe value associated with the specified key is: ', "answer": "v2"},
+    "longbook_sum_eng": {"context": "A long book.", "input": "", "answer": ["A short summary."]},
+    "longbook_choice_eng": {"context": "A book about France.", "input": "Where is the tower?", "answer": ["Paris"],
+                            "options": OPTIONS},
+    "longbook_qa_eng": {"context": "A book.", "input": "Who rowed?", "answer": ["The old man"]},
+    "longbook_qa_chn": {"context": "一本书。", "input": "谁划船？", "answer": ["老人"]},
+    "longdialogue_qa_eng": {"context": "JOHN: hi\n$$MASK$$: hello", "input": "", "answer": ["MARY"]},
+    "math_find": {"context": "[3, 9, 1]", "answer": 9,
+                  "input": "You should answer with only one number, no other words. The largest number of the list is: "},
+    "math_calc": {"context": "1 + 3 - 2", "input": "The value of the numerical expression is: ", "answer": [4, 2]},
+    "code_run": {"context": "def func_1(x):\n    return x + 2\n", "answer": 5,
+                 "input": "Please give me the exact number of the return value of func_1(3). Your response should "
+                          "end with the sentence 'The return value is:'."},
+    "code_debug": {"context": "def a(): pass", "input": "", "answer": "b_func", "options": ["a", "b_func", "c", "d"]},
+}
+
+
+@pytest.mark.parametrize("task", ib.TASKS)
+def test_split_prompts_join_to_the_official_prompt(task):
+    example = EXAMPLES[task]
+    context, question, prefix = ib.split_prompt(example, task)
+    assert context + question + prefix == ib.official_prompt(example, task)
+    assert context.endswith(example["context"]) and question.strip()      # the context is encoded on its own
+    assert example["context"] not in question + prefix
+
+
+def test_split_prompts_put_the_question_before_the_answer_cue():
+    assert ib.split_prompt(EXAMPLES["passkey"], "passkey")[1:] == ("\n\nWhat is the pass key?\n\n", "The pass key is")
+    context, question, prefix = ib.split_prompt(EXAMPLES["longbook_choice_eng"], "longbook_choice_eng")
+    assert question.startswith("\n\nQuestion: Where is the tower?\nA. Paris\n") and prefix == \
+        "The letter of the correct answer is"
+    # math_find: the official prefix, made from the question, before the list; code_run: the call filled in
+    assert ib.split_prompt(EXAMPLES["math_find"], "math_find")[0] == \
+        "What is the largest number in the following list?\n\n[3, 9, 1]"
+    assert "The value of func_1(3) is" in ib.split_prompt(EXAMPLES["code_run"], "code_run")[1]
+
+
+def test_scorers_follow_the_official_code():
+    assert ib.score("passkey", "The pass key is 71432. Remember", "71432") == 1.0
+    assert ib.score("passkey", "7143 2", "71432") == 0.0                      # the first run of digits only
+    assert ib.score("number_string", " 1123456789", ["1123456789"]) == 1.0
+    assert ib.score("kv_retrieval", '"v2".', "v2") == 1.0 and ib.score("kv_retrieval", "v22", "v2") == 0.0
+    assert ib.score("longbook_choice_eng", "C. Oslo", ["Oslo", "C"]) == 1.0
+    assert ib.score("longbook_choice_eng", "(C)", ["Oslo", "C"]) == 0.0       # the official quirk: "(" first
+    assert ib.score("longbook_choice_eng", "I think the answer is: B", ["Rome", "B"]) == 1.0
+    assert ib.score("longbook_choice_eng", "maybe D or so", ["Bern", "D"]) == 1.0
+    assert ib.score("longbook_qa_eng", "The old man.", ["old man"]) == 1.0
+    assert ib.score("longbook_qa_eng", "tower in Paris", ["Eiffel Tower"]) == pytest.approx(0.4)
+    assert ib.score("longbook_qa_chn", "老人。", ["老人"]) == 1.0
+    assert ib.score("longbook_qa_chn", "老", ["老人"]) == pytest.approx(2 / 3)
+    assert ib.score("longbook_sum_eng", "the cat lay on a mat", ["the cat sat on the mat"]) == pytest.approx(2 / 3)
+    assert ib.score("longdialogue_qa_eng", "Mary, I think.", ["MARY"]) == 1.0
+    assert ib.score("math_find", "It is 42", 42) == 1.0 and ib.score("math_find", "4.5", 4) == 0.0
+    assert ib.score("math_find", "49.5", 49.5) == 1.0
+    assert ib.score("math_calc", "[1, 4, 9, 10]", [1, 4, 8, 10]) == 0.5      # right values up to the first wrong
+    assert ib.score("code_run", "The return value is: -3.", -3) == 1.0
+    assert ib.score("code_run", "-3 is it", -3) == 0.0                       # the last word counts
+    assert ib.score("code_debug", "B. b_func", ["b_func", "B"]) == 1.0
+    assert ib.score("code_debug", "The correct option is: b_func", ["b_func", "B"]) == 1.0
+    assert ib.score("code_debug", "b_func", ["b_func", "B"]) == 0.0           # no answer phrase, no letter
+
+
+def write_files(folder, examples):
+    folder.mkdir(exist_ok=True)
+    for task, example in examples.items():
+        (folder / f"{task}.jsonl").write_text(json.dumps({"id": 0, "options": [], **example}) + "\n")
+
+
+def test_loader_reads_the_official_files_with_their_labels(tmp_path):
+    write_files(tmp_path / "data", EXAMPLES)
+    rows = ib.load_rows(tmp_path / "data", CharTokenizer(), list(ib.TASKS))
+    by_task = {r.task.split("/")[1]: r for r in rows}
+    assert set(by_task) == set(ib.TASKS) and all(r.verbatim for r in rows)
+    assert by_task["longbook_choice_eng"].meta["label"] == ["Paris", "A"]      # get_answer: text and letter
+    assert by_task["code_debug"].meta["label"] == ["b_func", "B"]
+    assert by_task["passkey"].meta["evidence"] == ["The pass key is 71432. Remember it. 71432 is the pass key."]
+    assert by_task["kv_retrieval"].meta["evidence"] == ['"k2": "v2"']
+    assert by_task["math_calc"].answers == ["4, 2"] and by_task["math_find"].max_new_tokens == 3
+    for task, row in by_task.items():     # the row scores through the eval's scorer with the official one
+        assert row_score(row, "") == 0.0, task
+    assert row_score(by_task["code_run"], "The value of func_1(3) is 5") == 1.0
+    default = ib.load_rows(tmp_path / "data", CharTokenizer())
+    assert {r.task.split("/")[1] for r in default} == set(ib.PAPER_TASKS)      # Table 3's ten
+
+
+def test_loader_refuses_what_it_cannot_read(tmp_path):
+    with pytest.raises(ValueError, match="lacks passkey.jsonl"):
+        ib.load_rows(tmp_path, CharTokenizer(), ["passkey"])
+    (tmp_path / "passkey.jsonl").write_text('{"context": "x"}\n')
+    with pytest.raises(ValueError, match="passkey.jsonl line 1: missing input, answer"):
+        ib.load_rows(tmp_path, CharTokenizer(), ["passkey"])
+    (tmp_path / "longbook_choice_eng.jsonl").write_text(json.dumps({**EXAMPLES["longbook_choice_eng"],
+                                                                    "answer": "Lima"}) + "\n")
+    with pytest.raises(ValueError, match="not one of the four options"):
+        ib.load_rows(tmp_path, CharTokenizer(), ["longbook_choice_eng"])
+    with pytest.raises(ValueError, match="unknown ∞-Bench task"):
+        ib.load_rows(tmp_path, CharTokenizer(), ["passkeys"])
+
+
+def test_samples_spread_through_the_file(tmp_path):
+    (tmp_path / "passkey.jsonl").write_text("".join(json.dumps({**EXAMPLES["passkey"], "id": i}) + "\n"
+                                                    for i in range(10)))
+    rows = ib.load_rows(tmp_path, CharTokenizer(), ["passkey"], samples=3)
+    assert [r.meta["id"] for r in rows] == [1, 5, 8]
+
+
+def follow_expression(text: str) -> list[int]:
+    terms = text.split()
+    value, out = int(terms[0]), []
+    for op, number in zip(terms[1::2], terms[2::2]):
+        value = value + int(number) if op == "+" else value - int(number)
+        out.append(value)
+    return out
+
+
+def test_generated_tasks_are_right_by_independent_checks(tmp_path):
+    paths = ib.generate(tmp_path, 4096, 5, seed=1)
+    assert sorted(p.stem for p in paths) == sorted(ib.SYNTHETIC)
+    files = {p.stem: [json.loads(line) for line in p.read_text().splitlines()] for p in paths}
+    for e in files["passkey"]:
+        assert re.fullmatch(r"\d{5}", e["answer"]) and e["context"].count(e["answer"]) == 2
+    assert [e["context"].index(e["answer"]) / len(e["context"]) for e in files["passkey"]][0] < 0.01   # depth 0 first
+    for e in files["number_string"]:
+        assert re.fullmatch(r"\d{10}", e["answer"]) and f"The sequence of digits is {e['answer']}." in e["context"]
+    for e in files["kv_retrieval"]:
+        pairs = json.loads(e["context"].removeprefix("JSON data:\n"))
+        key = re.search(r'Key: "([^"]+)"', e["input"]).group(1)
+        assert pairs[key] == e["answer"] and len(set(pairs.values())) == len(pairs)
+    for e in files["math_find"]:
+        values = json.loads(e["context"])
+        target = re.search(r"The (.+) of the list", e["input"]).group(1)
+        distinct = sorted(set(values))
+        want = {"largest number": distinct[-1], "second largest number": distinct[-2],
+                "third largest number": distinct[-3], "smallest number": distinct[0],
+                "second smallest number": distinct[1], "third smallest number": distinct[2],
+                "median number": statistics.median(values)}[target]
+        assert e["answer"] == want, target
+    for e in files["math_calc"]:
+        assert e["answer"] == follow_expression(e["context"]) and min(e["answer"]) >= 0
+    for e in files["code_run"]:
+        namespace = {}
+        exec(e["context"].split(":\n\n", 1)[1], namespace)       # the functions, run by Python itself
+        call = re.search(r"(func_\d+)\((-?\d+)\)", e["input"])
+        assert namespace[call.group(1)](int(call.group(2))) == e["answer"]
+    assert ib.generate(tmp_path / "again", 4096, 5, seed=1)[0].read_text() == paths[0].read_text()   # by seed
+
+
+def test_generated_rows_score_their_own_answer_and_not_another(tmp_path):
+    ib.generate(tmp_path, 2048, 2, tasks=["passkey", "kv_retrieval", "math_find", "code_run", "number_string"])
+    rows = ib.load_rows(tmp_path, CharTokenizer(), ["passkey", "kv_retrieval", "math_find", "code_run",
+                                                   "number_string"])
+    for row in rows:
+        label = row.meta["label"]
+        assert row_score(row, f" {label}") == 1.0, row.task
+        assert row_score(row, " 0") == 0.0, row.task
+
+
+def test_generate_refuses_tasks_it_cannot_write(tmp_path):
+    with pytest.raises(ValueError, match="only the synthetic tasks"):
+        ib.generate(tmp_path, 4096, 1, tasks=["longbook_qa_eng"])
+
+
+def test_verbatim_rows_lay_out_the_official_prompt(tiny_model_dir):
+    """A verbatim row's prompt is the official prompt's tokens: context, question and answer cue, no labels."""
+    from reform import Pipeline
+    from reform.model import load_model
+    loaded = load_model(str(tiny_model_dir))
+    pipe = Pipeline(loaded.model, loaded.tokenizer, method="truncate", use_chat_template=False)
+    context, question, prefix = ib.split_prompt(EXAMPLES["passkey"], "passkey")
+    part = pipe.templater.question(question, prefix, verbatim=True)
+    ids = pipe.templater.context(context) + part.ids
+    assert loaded.tokenizer.decode(ids, skip_special_tokens=True) == ib.official_prompt(EXAMPLES["passkey"], "passkey")
+    assert Row(context=context, question=question, answers=["1"], task="t", length=1).verbatim is False
+
+
+def test_cli_generates_then_evaluates(tiny_model_dir, tmp_path):
+    cli = CliRunner()
+    data = tmp_path / "ib"
+    r = cli.invoke(app, ["eval", "infinitebench", str(data), "--generate", "--length", "1k", "--samples", "2",
+                         "--tasks", "passkey,kv_retrieval"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in data.iterdir()) == ["kv_retrieval.jsonl", "passkey.jsonl"]
+    out = tmp_path / "run"
+    r = cli.invoke(app, ["eval", "infinitebench", str(data), "--tasks", "passkey,kv_retrieval", "--samples", "1",
+                         "--methods", "truncate:recompute_budget=256", "--model", str(tiny_model_dir),
+                         "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert sorted(rec["task"] for rec in records) == ["infinitebench/kv_retrieval", "infinitebench/passkey"]
+    assert all(rec["status"] == "ok" and rec["score"] in (0.0, 1.0) for rec in records)
+    for args, message in ((["--generate"], "--generate needs --length"),
+                          (["--length", "1k"], "--length applies only with --generate"),
+                          (["--tasks", "passkeys"], "unknown ∞-Bench task")):
+        r = cli.invoke(app, ["eval", "infinitebench", str(data), *args])
+        assert r.exit_code == 2 and message in r.output, r.output
+    r = cli.invoke(app, ["eval", "infinitebench", str(tmp_path / "nowhere")])
+    assert r.exit_code == 2 and "folder not found" in r.output
