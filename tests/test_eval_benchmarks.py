@@ -95,7 +95,7 @@ def test_loader_reads_the_official_files_with_their_labels(tmp_path):
     write_files(tmp_path / "data", EXAMPLES)
     rows = ib.load_rows(tmp_path / "data", CharTokenizer(), list(ib.TASKS))
     by_task = {r.task.split("/")[1]: r for r in rows}
-    assert set(by_task) == set(ib.TASKS) and all(r.verbatim for r in rows)
+    assert set(by_task) == set(ib.TASKS) and all(r.layout == "verbatim" for r in rows)
     assert by_task["longbook_choice_eng"].meta["label"] == ["Paris", "A"]      # get_answer: text and letter
     assert by_task["code_debug"].meta["label"] == ["b_func", "B"]
     assert by_task["passkey"].meta["evidence"] == ["The pass key is 71432. Remember it. 71432 is the pass key."]
@@ -192,10 +192,10 @@ def test_verbatim_rows_lay_out_the_official_prompt(tiny_model_dir):
     loaded = load_model(str(tiny_model_dir))
     pipe = Pipeline(loaded.model, loaded.tokenizer, method="truncate", use_chat_template=False)
     context, question, prefix = ib.split_prompt(EXAMPLES["passkey"], "passkey")
-    part = pipe.templater.question(question, prefix, verbatim=True)
+    part = pipe.templater.question(question, prefix, layout="verbatim")
     ids = pipe.templater.context(context) + part.ids
     assert loaded.tokenizer.decode(ids, skip_special_tokens=True) == ib.official_prompt(EXAMPLES["passkey"], "passkey")
-    assert Row(context=context, question=question, answers=["1"], task="t", length=1).verbatim is False
+    assert Row(context=context, question=question, answers=["1"], task="t", length=1).layout == "question"
 
 
 def test_cli_generates_then_evaluates(tiny_model_dir, tmp_path):
@@ -220,3 +220,20 @@ def test_cli_generates_then_evaluates(tiny_model_dir, tmp_path):
         assert r.exit_code == 2 and message in r.output, r.output
     r = cli.invoke(app, ["eval", "infinitebench", str(tmp_path / "nowhere")])
     assert r.exit_code == 2 and "folder not found" in r.output
+
+
+def test_layouts_close_the_turn_only_where_they_should(tiny_model_dir):
+    """A chat model: ``verbatim`` closes the user turn before the answer cue, ``continuation`` leaves it open
+    (code completion continues the text); neither adds a separator, and neither ends answers at a line."""
+    from reform.engine.layout import Templater
+    from reform.model import load_model
+    tok = load_model(str(tiny_model_dir)).tokenizer
+    chat, plain = Templater(tok), Templater(tok, use_chat_template=False)
+    tail = chat.template_ids(chat.tail)
+    verbatim = chat.question("\nx = 1\n", "y =", layout="verbatim")
+    assert verbatim.separator == [] and verbatim.suffix[:len(tail)] == tail and not verbatim.one_line
+    continuation = chat.question("\nx = 1\n", layout="continuation")
+    assert continuation.ids == chat.encode("\nx = 1\n") and not continuation.one_line
+    assert plain.question("What?").one_line and not chat.question("What?").one_line
+    with pytest.raises(ValueError, match="layout must be one of question, verbatim, continuation"):
+        chat.question("What?", layout="prose")

@@ -7,7 +7,7 @@ The chat template is rendered once around a placeholder and split, so the contex
 
 A model without a chat template (a base model, or ``use_chat_template=False``) gets the plain-text layout
 base models are evaluated with (as RULER does): the context, then ``Question: ...``, then ``Answer:`` and
-the answer prefix; its answers end at the end of their first line (``one_line_answers``), where a base
+the answer prefix; its answers end at the end of their first line (``QuestionPart.one_line``), where a base
 model would go on with a new question of its own.
 
 User text (context, question, answer prefix) is always tokenised as text: a ``<|im_start|>`` inside a
@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 _PLACEHOLDER = "\u2063REFORM-CONTENT\u2063"
 SEPARATOR = "\n\n"
 PLAIN_QUESTION, PLAIN_ANSWER = "\n\nQuestion:", "\nAnswer:"     # the plain-text layout's labels
+LAYOUTS = ("question", "verbatim", "continuation")      # how a question follows its context (Templater.question)
 
 
 @dataclass
@@ -33,6 +34,9 @@ class QuestionPart:
     separator: list[int]
     question: list[int]
     suffix: list[int]   # end of user turn, assistant header, answer prefix
+    # the answer ends with its first line (the plain-text layout's labelled questions; a benchmark's own
+    # prompt runs to its own length)
+    one_line: bool = False
 
     @property
     def ids(self) -> list[int]:
@@ -60,11 +64,6 @@ class Templater:
         else:
             self.head, self.tail = "", PLAIN_ANSWER
             self.prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS where the model uses one
-
-    @property
-    def one_line_answers(self) -> bool:
-        """Answers end at the end of their first line of text (the plain-text layout)."""
-        return self.plain
 
     def template_ids(self, text: str) -> list[int]:
         """The template's own text, special tokens included."""
@@ -105,23 +104,27 @@ class Templater:
         return self.prefix + ids, [-1] * len(self.prefix) + starts
 
     def question(self, question: str, answer_prefix: str = "", after_context: bool = True,
-                 verbatim: bool = False) -> QuestionPart:
+                 layout: str = "question") -> QuestionPart:
         """The question's ids after the context (``after_context`` False: the question is the whole
-        prompt, so nothing separates it from a context). ``verbatim``: the question and the answer prefix
-        are laid out exactly as given, with no separator and no labels, so that context + question + answer
-        prefix is a benchmark's own prompt (a chat template still wraps them in its turn)."""
+        prompt, so nothing separates it from a context). ``layout`` (``LAYOUTS``): ``question`` adds the
+        separator (plain text: the ``Question:``/``Answer:`` labels); ``verbatim`` lays the question and
+        answer prefix out exactly as given, so that context + question + answer prefix is a benchmark's own
+        prompt (a chat template still closes the turn); ``continuation`` also leaves the turn open, so the
+        answer continues the text itself (code completion)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         words = question
         for special in self.special_strings:
             words = words.replace(special, "")
         if not words.strip():
             raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
-        if verbatim:
-            tail = [] if self.plain else self.template_ids(self.tail)
-            return QuestionPart([], self.encode(question), tail + self.encode(answer_prefix))
+        if layout != "question":
+            tail = [] if self.plain or layout == "continuation" else self.template_ids(self.tail)
+            return QuestionPart([], self.encode(question), tail + self.encode(answer_prefix))     # runs its length
         if self.plain:      # "...context\n\nQuestion: QUESTION\nAnswer: PREFIX"
             label = PLAIN_QUESTION if after_context else PLAIN_QUESTION.lstrip()
-            return QuestionPart(self.template_ids(label), self.encode(" " + question.strip()),
-                                self.template_ids(self.tail) + self.encode(" " + answer_prefix if answer_prefix else ""))
+            suffix = self.template_ids(self.tail) + self.encode(" " + answer_prefix if answer_prefix else "")
+            return QuestionPart(self.template_ids(label), self.encode(" " + question.strip()), suffix, one_line=True)
         return QuestionPart(self.template_ids(SEPARATOR if after_context else ""), self.encode(question),
                             self.template_ids(self.tail) + self.encode(answer_prefix))
 

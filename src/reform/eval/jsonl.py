@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..engine.layout import LAYOUTS
 from .rows import Row
 
 
@@ -112,8 +113,8 @@ def check_row(row: Row) -> Row:
         raise ValueError("'task' must be a non-empty string")
     if not isinstance(row.answer_prefix, str):
         raise ValueError("'answer_prefix' must be a string")
-    if not isinstance(row.verbatim, bool):
-        raise ValueError("'verbatim' must be true or false")
+    if row.layout not in LAYOUTS:
+        raise ValueError(f"'layout' must be one of {', '.join(LAYOUTS)}")
     for name in ("length", "sample"):
         if not isinstance(getattr(row, name), int) or getattr(row, name) < 0:
             raise ValueError(f"'{name}' must be a non-negative integer")

@@ -31,9 +31,10 @@ class Row:
     # images for a vision-language model, one per IMAGE_MARK in ``context`` in order: PNG/JPEG data URLs
     # or paths to image files
     images: list[str] = field(default_factory=list)
-    # the question and answer prefix follow the context exactly as written, with no labels or separator
-    # (a benchmark's official prompt, split around its context: ``Templater.question``)
-    verbatim: bool = False
+    # how the question follows the context (``engine.layout.LAYOUTS``): "question" (labelled, the default),
+    # "verbatim" (exactly as written: a benchmark's official prompt split around its context) or
+    # "continuation" (also no chat turn closed: code completion)
+    layout: str = "question"
 
     def _hashed(self) -> str:
         return self.context + "".join("\x00" + image for image in self.images)

@@ -80,7 +80,7 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
     for row in rows:
         try:
             ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens,
-                          verbatim=row.verbatim)
+                          layout=row.layout)
         except ValueError as e:
             yield row, "error", {"reason": str(e)}
             continue
@@ -102,7 +102,7 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
                           needle_image_kept=share)
         if explain and record["recall"] is not None and record["recall"] < 1 and hasattr(ctx.method, "scores"):
             from .explain import explain as explain_miss
-            part = pipe.templater.question(row.question, row.answer_prefix, verbatim=row.verbatim)
+            part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
             record["explain"] = explain_miss(ctx, part, evidence(row), ans.kept)
         yield row, "ok", record
 

@@ -89,10 +89,10 @@ class Context:
     def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
             on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
             seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False,
-            verbatim: bool = False) -> Answer:
+            layout: str = "question") -> Answer:
         """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated.
-        ``verbatim``: the question and answer prefix follow the context exactly as given (a benchmark's own
-        prompt, ``Templater.question``).
+        ``layout``: ``verbatim`` lays the question and answer prefix after the context exactly as given (a
+        benchmark's own prompt), ``continuation`` also without closing a chat turn (``Templater.question``).
         Greedy at ``temperature`` 0 (the default); otherwise sampled (``top_p``, ``seed``); the answer
         ends before the first of the ``stop`` strings. A prompt plus ``max_new_tokens`` past the model's
         window is refused, unless ``fit_window``: then ``max_new_tokens`` is an upper bound, lowered to the
@@ -111,7 +111,7 @@ class Context:
         sampling = Sampling(temperature, top_p, seed, stop)
         templater = self.pipeline.templater
         part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix),
-                                  verbatim=verbatim)
+                                  layout=layout)
         with self.pipeline.engine.input_rows(self.image_rows):
             answer = self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
                                         sampling=sampling, fit_window=fit_window)
@@ -242,7 +242,7 @@ class Method:
                                  f"({pipe.engine.max_positions}): no room is left for an answer")
             max_new_tokens = min(max_new_tokens, room)
         tokens: list[int] = []
-        stop, shown, finish = StopScanner(sampling.stop, ctx.pipeline.templater.one_line_answers), "", "stop"
+        stop, shown, finish = StopScanner(sampling.stop, part.one_line), "", "stop"
         t0 = time.perf_counter()
         steps = pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids, cache=cache,
                                      policy=self.generation_policy(ctx), choose=sampling.chooser(prompt.device))

@@ -10,7 +10,7 @@ Everything that decides a score is the official code's, from github.com/OpenBMB/
   ChatGLM3) were run with, filled as ``create_prompt`` fills them. REFORM needs the context apart from the
   question, so each prompt is split where its context ends: the text up to the end of the context is
   encoded, the rest is the question, and its last line (``The pass key is``, ``Answer:``) the answer
-  prefix. Joined again they are the official prompt, character for character (``Row.verbatim``);
+  prefix. Joined again they are the official prompt, character for character (``Row.layout`` ``verbatim``);
 * the generation lengths: ``DATA_NAME_TO_MAX_NEW_TOKENS`` of ``src/eval_utils.py``;
 * the scorers: ``get_score_one_*`` of ``src/compute_scores.py``, including their quirks (an En.MC answer
   that starts with ``(`` scores 0). En.Sum's ROUGE-Lsum comes from ``rouge-score``, the library under
@@ -351,7 +351,7 @@ def load_rows(data_dir: str | Path, tokenizer, tasks: list[str] | None = None, s
             length = len(tokenizer(context, add_special_tokens=False)["input_ids"])
             rows.append(Row(context=context, question=question, answers=as_answers(label),
                             task=f"infinitebench/{task}", length=length, answer_prefix=prefix,
-                            max_new_tokens=MAX_NEW_TOKENS[task], sample=i, verbatim=True,
+                            max_new_tokens=MAX_NEW_TOKENS[task], sample=i, layout="verbatim",
                             meta={"metric": "infinitebench", "label": label, "id": example["id"],
                                   "evidence": evidence(example, task, label)}))
     return rows
