@@ -237,3 +237,88 @@ def test_layouts_close_the_turn_only_where_they_should(tiny_model_dir):
     assert plain.question("What?").one_line and not chat.question("What?").one_line
     with pytest.raises(ValueError, match="layout must be one of question, verbatim, continuation"):
         chat.question("What?", layout="prose")
+
+
+# ------------------------------------------------------------------ RepoEval
+from reform.eval.benchmarks import repoeval as rev       # noqa: E402
+
+
+def test_repoeval_metrics_are_compute_score_py():
+    """RepoCoder's compute_score.py: lines stripped, empty ones dropped, the prediction cut to the target's
+    line count; EM compares those lines, ES is 1 - editdistance / max(len)."""
+    assert rev.exact_match("x = foo(1)\n", "x = foo(1)\ny = 2") == 1.0        # the extra line is cut off
+    assert rev.edit_similarity("x = foo(1)\n", "x = foo(1)\ny = 2") == 1.0
+    assert rev.exact_match("  foo(a,\n      b)\n", "foo(a,\n\n b)") == 1.0     # stripped, empty lines dropped
+    assert rev.exact_match("a = 1", "a = 2") == 0.0
+    assert rev.edit_similarity("a = 1", "a = 2") == pytest.approx(0.8)       # one edit in five characters
+    assert rev.edit_similarity("abc", "") == 0.0
+    assert rev.edit_similarity("abc", "abcdef") == pytest.approx(0.5)        # one line: "abcdef" is kept whole
+
+
+def make_repo(root):
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "lib.py").write_text("def helper(x):\n    return x + 1\n\n\nclass Box:\n    pass\n")
+    body = [f"# line {i}" for i in range(12)] + ["value = 3", "result = helper(value)", "box = Box()",
+                                                  "print(result)", "SECRET_AFTER = 1"]
+    (root / "pkg" / "main.py").write_text("\n".join(body) + "\n")
+    (root / "other.py").write_text("def unrelated():\n    return 0\n")
+    return root
+
+
+def test_from_repo_api_level_finds_calls_into_other_files(tmp_path):
+    root = make_repo(tmp_path / "demo")
+    tasks = rev.from_repo(root, "api", 10, seed=0)
+    truths = sorted(t["metadata"]["ground_truth"] for t in tasks)
+    assert truths == ["box = Box()", "result = helper(value)"]                # calls defined in lib.py only
+    task = next(t for t in tasks if t["metadata"]["ground_truth"] == "result = helper(value)")
+    assert task["metadata"]["fpath_tuple"] == ["demo", "pkg", "main.py"] and task["metadata"]["line_no"] == 13
+    assert task["prompt"].endswith("value = 3\n")
+    row = rev.task_row(task, rev.repository_files(root), "api", 0, CharTokenizer())
+    assert row.layout == "continuation" and row.question == task["prompt"]
+    assert "def helper(x)" in row.context and "# file: pkg/lib.py" in row.context
+    assert "SECRET_AFTER" not in row.context + row.question                     # RepoCoder's leakage rule
+    assert row.context.index("# file: other.py") < row.context.index("# file: pkg/main.py")   # the target last
+    assert rev.from_repo(root, "api", 10, seed=0) == tasks                     # deterministic by seed
+    assert all(t["metadata"]["ground_truth"].startswith(("value", "result", "box", "print", "SECRET"))
+               for t in rev.from_repo(root, "line", 10))
+
+
+def test_official_records_read_over_their_repositories(tmp_path):
+    root = make_repo(tmp_path / "repos" / "demo")
+    task = {"prompt": "value = 3\n", "metadata": {"task_id": "demo/7", "ground_truth": "result = helper(value)",
+                                                  "fpath_tuple": ["demo", "pkg", "main.py"], "line_no": 13,
+                                                  "context_start_lineno": 12}}
+    path = tmp_path / "random-api-completion.test.jsonl"
+    path.write_text(json.dumps(task) + "\n")
+    row, = rev.load_rows(path, tmp_path / "repos", CharTokenizer())
+    assert row.task == "repoeval/api" and row.meta["task_id"] == "demo/7"
+    assert row.context.endswith("# file: pkg/main.py\n" + "\n".join(f"# line {i}" for i in range(12)) + "\n")
+    assert row_score(row, "result = helper(value)\nmore") == 1.0
+    assert row_score(row, "result = helper(valu)") == pytest.approx(1 - 1 / 22)
+    capped, = rev.load_rows(path, tmp_path / "repos", CharTokenizer(), max_length=260)
+    assert "# file: pkg/lib.py" in capped.context and "other.py" not in capped.context   # nearest files first
+    path.write_text(json.dumps({**task, "metadata": {**task["metadata"], "line_no": 99}}) + "\n")
+    with pytest.raises(ValueError, match="line 1: line_no 99 and context_start_lineno 12 do not fit"):
+        rev.load_rows(path, tmp_path / "repos", CharTokenizer())
+    path.write_text('{"prompt": "x"}\n')
+    with pytest.raises(ValueError, match="needs 'prompt' and 'metadata'"):
+        rev.load_rows(path, tmp_path / "repos", CharTokenizer())
+
+
+def test_cli_repoeval_from_a_repository(tiny_model_dir, tmp_path):
+    cli = CliRunner()
+    root = make_repo(tmp_path / "demo")
+    out = tmp_path / "run"
+    r = cli.invoke(app, ["eval", "repoeval", "--from-repo", str(root), "--level", "api", "--samples", "2",
+                         "--methods", "truncate:recompute_budget=256", "--model", str(tiny_model_dir),
+                         "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(rec["status"] == "ok" for rec in records)
+    assert all(rec["score"] == rec["es"] and rec["em"] in (0.0, 1.0) for rec in records)
+    for args, message in (([], "give an official RepoEval FILE"),
+                          (["--from-repo", str(root), "--level", "file"], "--level must be one of line, api"),
+                          ([str(tmp_path / "x.jsonl")], "needs --repos"),
+                          (["--from-repo", str(tmp_path / "nowhere")], "--from-repo folder not found")):
+        r = cli.invoke(app, ["eval", "repoeval", *args])
+        assert r.exit_code == 2 and message in r.output, r.output

@@ -290,6 +290,58 @@ def infinitebench(data_dir: Path = typer.Argument(..., help="the folder of ∞-B
         fail(e)
 
 
+@app.command("repoeval")
+def repoeval(file: Optional[Path] = typer.Argument(None, help="an official RepoEval file (e.g. "
+                                                  "random-api-completion.test.jsonl); or --from-repo"),
+             repos: Optional[Path] = typer.Option(None, "--repos", help="with FILE: the folder holding its "
+                                                  "repositories (RepoCoder's repositories/line_and_api_level)"),
+             from_repo: Optional[Path] = typer.Option(None, "--from-repo", help="build a RepoEval-style suite "
+                                                      "from this local Python repository instead"),
+             level: str = typer.Option("line", "--level", help="with --from-repo: line or api"),
+             methods: str = MethodsOpt,
+             samples: Optional[int] = typer.Option(None, "--samples", min=1, help="tasks (default: all of FILE; "
+                                                   "20 with --from-repo)"),
+             seed: int = typer.Option(0, "--seed", help="with --from-repo: which tasks are drawn"),
+             length: Optional[str] = typer.Option(None, "--length", help="cap each repository context at about "
+                                                  "this many tokens, the files nearest the target kept (32k, 128k)"),
+             out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
+             fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+             model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+    """RepoEval code completion (REFORM Table 4) from its official files and repositories, or built from a local
+    repository; ES and EM as RepoCoder's compute_score.py (docs/evaluation.md)."""
+    from ..eval.benchmarks import repoeval as re_
+    try:
+        if (file is None) == (from_repo is None):
+            raise CliError("give an official RepoEval FILE with --repos, or --from-repo PATH")
+        if file is not None and repos is None:
+            raise CliError("an official RepoEval file needs --repos (the folder of its repositories)")
+        if level not in re_.LEVELS:
+            raise CliError(f"--level must be one of {', '.join(re_.LEVELS)}, got {level!r}")
+        for path, what in ((file, "file"), (repos, "--repos folder"), (from_repo, "--from-repo folder")):
+            if path is not None and not (path.is_file() if what == "file" else path.is_dir()):
+                raise CliError(f"{what} not found: {path}")
+        max_length = None
+        if length is not None:
+            from ..eval.specs import parse_lengths
+            with refused():
+                lengths = parse_lengths(length)
+            if len(lengths) != 1:
+                raise CliError("--length takes one length")
+            max_length = lengths[0]
+
+        def rows_for(tokenizer):
+            with refused(SyntaxError):
+                if file is not None:
+                    return re_.load_rows(file, repos, tokenizer, samples, max_length)
+                return re_.repo_rows(from_repo, level, samples or 20, seed, tokenizer, max_length)
+        source = str(file) if file is not None else f"{from_repo} ({level} level, seed {seed})"
+        evaluate(methods, out_dir or Path("runs/eval-repoeval"), model, device, dtype, rows_for=rows_for,
+                 meta={"suite": "repoeval", "source": source, "samples": samples, "length": max_length},
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+    except CliError as e:
+        fail(e)
+
+
 @app.command("report")
 def report(run_dir: Path = typer.Argument(..., help="an evaluation's output folder"),
            plots: bool = typer.Option(True, "--plots/--no-plots")):

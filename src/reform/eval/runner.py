@@ -165,6 +165,11 @@ def default_scorer() -> Callable[[Row, str], float]:
     return score
 
 
+def details(row: Row, prediction: str) -> dict:
+    from .tasks.scoring import details as metric_details
+    return metric_details(row, prediction)
+
+
 class RowProgress:
     """A rich bar over rows and, while a long context encodes, one over its tokens; no-ops when disabled."""
 
@@ -276,6 +281,7 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                     for row, status, extra in answers:
                         if status == "ok":
                             extra["score"] = float(scorer(row, extra["prediction"]))
+                            extra.update(details(row, extra["prediction"]))
                         record = record_for(row, spec, hashes[spec.label], status, **extra)
                         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                         sink.flush()

@@ -10,6 +10,8 @@
   must be exactly the gold label. Labels are matched as whole words (BABILong uses substrings, which
   lets ``Mary`` match inside ``summary``).
 * ``infinitebench``: ∞-Bench's official scorer for the row's task (:mod:`reform.eval.benchmarks.infinitebench`).
+* ``repoeval``: RepoCoder's edit similarity (ES); ``details`` adds ``es`` and ``em`` to the record
+  (:mod:`reform.eval.benchmarks.repoeval`).
 
 Predictions are cleaned as RULER does: control characters become newlines and the ends are stripped.
 """
@@ -56,7 +58,7 @@ def choice_match(prediction: str, letter: str) -> float:
     return float(found is not None and found.group(1) == letter)
 
 
-METRICS = ("string_match_all", "string_match_part", "contains", "babilong", "choice", "infinitebench")
+METRICS = ("string_match_all", "string_match_part", "contains", "babilong", "choice", "infinitebench", "repoeval")
 
 
 def score(row: Row, prediction: str) -> float:
@@ -71,7 +73,18 @@ def score(row: Row, prediction: str) -> float:
                    default=0.0)
     if metric == "choice":
         return max(choice_match(prediction, a) for a in row.answers)
+    if metric == "repoeval":               # RepoCoder's edit similarity (EM: ``details``)
+        from ..benchmarks.repoeval import edit_similarity
+        return edit_similarity(row.answers[0], prediction)
     if metric == "infinitebench":          # the official scorer of the row's task, on its official label
         from ..benchmarks.infinitebench import score as infinitebench_score
         return infinitebench_score(row.task.split("/", 1)[1], prediction, row.meta["label"])
     raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+
+
+def details(row: Row, prediction: str) -> dict:
+    """Metrics a record carries beside its score: RepoEval's ``es`` and ``em``."""
+    if row.meta.get("metric") != "repoeval":
+        return {}
+    from ..benchmarks.repoeval import edit_similarity, exact_match
+    return {"es": edit_similarity(row.answers[0], prediction), "em": exact_match(row.answers[0], prediction)}
