@@ -322,3 +322,68 @@ def test_cli_repoeval_from_a_repository(tiny_model_dir, tmp_path):
                           (["--from-repo", str(tmp_path / "nowhere")], "--from-repo folder not found")):
         r = cli.invoke(app, ["eval", "repoeval", *args])
         assert r.exit_code == 2 and message in r.output, r.output
+
+
+# ------------------------------------------------------------------ LongBench
+from reform.eval.benchmarks import longbench as lb       # noqa: E402
+
+
+def test_longbench_metrics_follow_metrics_py():
+    """LongBench/metrics.py and eval.py, worked by hand from the official code."""
+    assert lb.score("hotpotqa", "The Eiffel Tower.", ["Eiffel Tower", "x"]) == 1.0          # best over answers
+    assert lb.score("multifieldqa_zh", "北京是中国的首都", ["北京"]) == pytest.approx(1 / 3)  # jieba: 5 words, 1 right
+    assert lb.score("passage_count", "There are 3, not 4", ["3"]) == 0.5                 # right numbers / numbers
+    assert lb.score("passage_retrieval_en", "Paragraph 12", ["Paragraph 12"]) == 1.0
+    assert lb.score("passage_retrieval_zh", "段落3 或 段落4", ["段落3"]) == 0.5
+    assert lb.score("lcc", "```python\n# a comment\nx = foo(1)\n", ["x = foo(2)"]) == 0.9     # first code line; InDel 90 %
+    assert lb.score("lcc", "", ["x"]) == 0.0                                              # fuzzywuzzy: empty is 0
+    assert lb.score("trec", "Location\nPerson", ["Location"], ["Location", "Person"]) == 1.0   # first line only
+    assert lb.score("trec", "Location or Location city", ["Location"],
+                    ["Location", "Location city", "Person"]) == 0.5
+    # metrics.py removes from the list it iterates: "ab" is skipped, so two classes stay matched
+    assert lb.classification_score("abc", "abc", all_classes=["a", "ab", "abc"]) == 0.5
+    assert lb.score("gov_report", "", ["A summary."]) == 0.0                               # rouge raises: 0
+    from rouge import Rouge
+    want = Rouge().get_scores(["the cat lay on a mat"], ["the cat sat on the mat"], avg=True)["rouge-l"]["f"]
+    assert lb.score("samsum", "the cat lay on a mat\nmore", ["the cat sat on the mat"]) == want
+    assert lb.extract_answer("**The correct answer is (B)**") == "B" and lb.extract_answer("It is B") is None
+    assert lb.score("v2", "The correct answer is C", ["C"]) == 1.0
+
+
+def test_longbench_v1_and_v2_files(tmp_path):
+    (tmp_path / "v1").mkdir()
+    rows_in = [{"input": "Who rowed?", "context": "The old man rowed.", "answers": ["the old man"], "length": 4,
+                "all_classes": None, "_id": f"id{i}"} for i in range(4)]
+    (tmp_path / "v1" / "hotpotqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_in))
+    (tmp_path / "v1" / "trec.jsonl").write_text(json.dumps({"input": "What is X?", "context": "Q: a\nType: Location",
+                                                            "answers": ["Location"], "all_classes": ["Location"]}) + "\n")
+    rows = lb.load_rows(tmp_path / "v1", CharTokenizer(), ["hotpotqa", "trec"], samples=2)
+    hot = [r for r in rows if r.task == "longbench/hotpotqa"]
+    assert [r.meta["id"] for r in hot] == ["id1", "id3"] and hot[0].layout == "verbatim"
+    assert hot[0].context + hot[0].question + hot[0].answer_prefix == \
+        lb.PROMPTS["hotpotqa"].format(context="The old man rowed.", input="Who rowed?")
+    assert hot[0].answer_prefix == "Answer:" and hot[0].max_new_tokens == 32
+    trec, = [r for r in rows if r.task == "longbench/trec"]
+    assert trec.layout == "continuation" and row_score(trec, "Location\nmore") == 1.0
+    with pytest.raises(ValueError, match="lacks musique.jsonl"):
+        lb.load_rows(tmp_path / "v1", CharTokenizer(), ["musique"])
+    with pytest.raises(ValueError, match="unknown LongBench dataset"):
+        lb.load_rows(tmp_path / "v1", CharTokenizer(), ["hotpot"])
+    item = {"_id": "a", "domain": "Single-Document QA", "difficulty": "easy", "length": "short",
+            "question": "Who?", "choice_A": "Ann", "choice_B": "Bob", "choice_C": "Cy", "choice_D": "Di",
+            "answer": "B", "context": "  Bob did it.  "}
+    (tmp_path / "data.json").write_text(json.dumps([item]))
+    v2, = lb.load_rows(tmp_path / "data.json", CharTokenizer())
+    assert v2.context + v2.question + v2.answer_prefix == lb.v2_prompt(item) and v2.context.endswith("Bob did it.")
+    assert row_score(v2, "The correct answer is (B)") == 1.0 and row_score(v2, "The correct answer is (A)") == 0.0
+    (tmp_path / "data.json").write_text(json.dumps([{**item, "answer": "E"}]))
+    with pytest.raises(ValueError, match="an answer A-D"):
+        lb.load_rows(tmp_path / "data.json", CharTokenizer())
+
+
+def test_cli_longbench_refuses_before_loading(tmp_path):
+    cli = CliRunner()
+    r = cli.invoke(app, ["eval", "longbench", str(tmp_path), "--datasets", "hotpot"])
+    assert r.exit_code == 2 and "unknown LongBench dataset" in r.output
+    r = cli.invoke(app, ["eval", "longbench", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and "not found" in r.output

@@ -342,6 +342,39 @@ def repoeval(file: Optional[Path] = typer.Argument(None, help="an official RepoE
         fail(e)
 
 
+@app.command("longbench")
+def longbench(data: Path = typer.Argument(..., help="LongBench v1: the folder of its DATASET.jsonl files; v2: its "
+                                          "data.json"),
+              methods: str = MethodsOpt,
+              datasets: Optional[str] = typer.Option(None, "--datasets", help="v1: comma-separated dataset names "
+                                                     "(default: all 21)"),
+              samples: Optional[int] = typer.Option(None, "--samples", min=1, help="rows per dataset, spread evenly "
+                                                    "(default: all)"),
+              extended: bool = typer.Option(False, "--e", help="v1: LongBench-E (the DATASET_e.jsonl files)"),
+              out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
+              fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+              model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+    """LongBench v1 and v2 from their official files, prompts, generation lengths and metrics
+    (docs/evaluation.md)."""
+    from ..eval.benchmarks import longbench as lb
+    try:
+        if not data.exists():
+            raise CliError(f"not found: {data}")
+        chosen = _split(datasets)
+        with refused():
+            lb.check_files(data, chosen, extended)
+
+        def rows_for(tokenizer):
+            with refused():
+                return lb.load_rows(data, tokenizer, chosen, samples, extended)
+        evaluate(methods, out_dir or Path("runs/eval-longbench"), model, device, dtype, rows_for=rows_for,
+                 meta={"suite": "longbench", "source": str(data), "datasets": chosen, "samples": samples,
+                       "extended": extended},
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+    except CliError as e:
+        fail(e)
+
+
 @app.command("report")
 def report(run_dir: Path = typer.Argument(..., help="an evaluation's output folder"),
            plots: bool = typer.Option(True, "--plots/--no-plots")):

@@ -29,12 +29,11 @@ from __future__ import annotations
 import json
 import random
 import re
-import string
 import uuid
-from collections import Counter
 from pathlib import Path
 
 from ..rows import Row
+from .common import BenchmarkFileError, normalize_answer, normalize_zh_answer, split_at_context, spread, token_f1
 
 TASKS = ("passkey", "number_string", "kv_retrieval", "longbook_sum_eng", "longbook_choice_eng", "longbook_qa_eng",
          "longbook_qa_chn", "longdialogue_qa_eng", "math_find", "math_calc", "code_run", "code_debug")
@@ -61,10 +60,6 @@ TEMPLATES = {
     "code_debug": "Following is a Python code where exactly one of the functions/methods has a deliberate error that makes it crash.\n\n{context}\n\nOptions:\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}\n\nThe correct option is:",  # noqa: E501
     "longdialogue_qa_eng": "Below is a dialogue script where one random occurrence of a character name is replaced with \"$$MASK$$\", and you should try to guess who that character is.\n\n{context}\n\nThe name that has been replaced with $$MASK$$ is likely",  # noqa: E501
 }
-
-
-class BenchmarkFileError(ValueError):
-    """A missing or malformed benchmark file; the message names the file and line."""
 
 
 # ------------------------------------------------------------------ prompts (src/eval_utils.py, create_prompt)
@@ -103,10 +98,7 @@ def split_prompt(example: dict, task: str) -> tuple[str, str, str]:
     ``official_prompt``."""
     fields = prompt_fields(example, task)
     before, after = TEMPLATES[task].split("{context}")
-    rest = after.format(**fields)
-    cut = rest.rfind("\n") + 1
-    question, prefix = (rest[:cut], rest[cut:]) if rest[:cut].strip() else (rest, "")
-    return before.format(**fields) + fields["context"], question, prefix
+    return split_at_context(before.format(**fields), fields["context"], after.format(**fields))
 
 
 def official_label(example: dict, task: str):
@@ -124,39 +116,18 @@ def official_label(example: dict, task: str):
 
 
 # ------------------------------------------------------------------ scorers (src/compute_scores.py)
-def normalize_answer(s: str) -> str:
-    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
-    return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
-
-
-ZH_PUNCTUATION = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."  # noqa: E501
-
-
-def normalize_zh_answer(s: str) -> str:
-    drop = set(string.punctuation + ZH_PUNCTUATION)
-    return "".join("".join(ch for ch in s.lower() if ch not in drop).split())
-
-
-def f1(prediction: list, truth: list) -> float:
-    same = sum((Counter(prediction) & Counter(truth)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(prediction), same / len(truth)
-    return 2 * precision * recall / (precision + recall)
-
-
 def as_list(label) -> list:
     return label if isinstance(label, list) else [label]
 
 
 def qa_f1(pred: str, label) -> float:
     """En.QA: the best token F1 over the gold answers, after SQuAD's normalisation."""
-    return max(f1(normalize_answer(pred).split(), normalize_answer(g).split()) for g in as_list(label))
+    return max(token_f1(normalize_answer(pred).split(), normalize_answer(g).split()) for g in as_list(label))
 
 
 def qa_f1_zh(pred: str, label) -> float:
     """Zh.QA: the best character F1 over the gold answers."""
-    return max(f1(list(normalize_zh_answer(pred)), list(normalize_zh_answer(g))) for g in as_list(label))
+    return max(token_f1(list(normalize_zh_answer(pred)), list(normalize_zh_answer(g))) for g in as_list(label))
 
 
 def first_int(pred: str) -> str:
@@ -293,13 +264,6 @@ def as_answers(label) -> list[str]:
     if isinstance(label, list) and label and all(isinstance(x, int) for x in label):
         return [", ".join(map(str, label))]                 # math_calc's intermediate values
     return [str(x) for x in as_list(label)] or [""]
-
-
-def spread(n: int, samples: int | None) -> list[int]:
-    """``samples`` indices spread evenly over ``n`` (each the middle of its share), or all of them."""
-    if samples is None or samples >= n:
-        return list(range(n))
-    return sorted({int((i + 0.5) * n / samples) for i in range(samples)})
 
 
 def read_examples(path: Path) -> list[dict]:

@@ -28,7 +28,7 @@ import random
 from pathlib import Path
 
 from ..rows import Row
-from .infinitebench import BenchmarkFileError, spread
+from .common import BenchmarkFileError, spread
 
 LEVELS = ("line", "api")
 MAX_NEW_TOKENS = 64           # a line or one API call statement

@@ -10,6 +10,8 @@
   must be exactly the gold label. Labels are matched as whole words (BABILong uses substrings, which
   lets ``Mary`` match inside ``summary``).
 * ``infinitebench``: ∞-Bench's official scorer for the row's task (:mod:`reform.eval.benchmarks.infinitebench`).
+* ``longbench``: LongBench's metric for the row's dataset, or v2's answer extraction
+  (:mod:`reform.eval.benchmarks.longbench`).
 * ``repoeval``: RepoCoder's edit similarity (ES); ``details`` adds ``es`` and ``em`` to the record
   (:mod:`reform.eval.benchmarks.repoeval`).
 
@@ -58,7 +60,7 @@ def choice_match(prediction: str, letter: str) -> float:
     return float(found is not None and found.group(1) == letter)
 
 
-METRICS = ("string_match_all", "string_match_part", "contains", "babilong", "choice", "infinitebench", "repoeval")
+METRICS = ("string_match_all", "string_match_part", "contains", "babilong", "choice", "infinitebench", "repoeval", "longbench")
 
 
 def score(row: Row, prediction: str) -> float:
@@ -76,6 +78,9 @@ def score(row: Row, prediction: str) -> float:
     if metric == "repoeval":               # RepoCoder's edit similarity (EM: ``details``)
         from ..benchmarks.repoeval import edit_similarity
         return edit_similarity(row.answers[0], prediction)
+    if metric == "longbench":              # eval.py's metric of the row's dataset, best over the answers
+        from ..benchmarks.longbench import score as longbench_score
+        return longbench_score(row.meta["dataset"], prediction, row.answers, row.meta.get("all_classes"))
     if metric == "infinitebench":          # the official scorer of the row's task, on its official label
         from ..benchmarks.infinitebench import score as infinitebench_score
         return infinitebench_score(row.task.split("/", 1)[1], prediction, row.meta["label"])
