@@ -284,7 +284,7 @@ def test_from_repo_api_level_finds_calls_into_other_files(tmp_path):
 
 
 def test_official_records_read_over_their_repositories(tmp_path):
-    root = make_repo(tmp_path / "repos" / "demo")
+    make_repo(tmp_path / "repos" / "demo")
     task = {"prompt": "value = 3\n", "metadata": {"task_id": "demo/7", "ground_truth": "result = helper(value)",
                                                   "fpath_tuple": ["demo", "pkg", "main.py"], "line_no": 13,
                                                   "context_start_lineno": 12}}

@@ -3,13 +3,36 @@ the SQuAD-style answer normalisation and token F1 that ∞-Bench's and LongBench
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections import Counter
+from pathlib import Path
 
 
 class BenchmarkFileError(ValueError):
     """A missing or malformed benchmark file; the message names the file and line."""
+
+
+def json_lines(path: Path, what: str) -> list[tuple[int, object]]:
+    """``(line number, value)`` of every non-blank line of a JSONL file; bad JSON or no line at all is refused
+    naming the file and line (``what``: "examples", "tasks", "rows")."""
+    values = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise BenchmarkFileError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+    if not values:
+        raise BenchmarkFileError(f"{path} holds no {what}")
+    return values
+
+
+def token_count(tokenizer, text: str) -> int:
+    """A row's length: its context's tokens under the model's tokenizer."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def spread(n: int, samples: int | None) -> list[int]:

@@ -33,7 +33,8 @@ import uuid
 from pathlib import Path
 
 from ..rows import Row
-from .common import BenchmarkFileError, normalize_answer, normalize_zh_answer, split_at_context, spread, token_f1
+from .common import (BenchmarkFileError, json_lines, normalize_answer, normalize_zh_answer, split_at_context, spread,
+                     token_count, token_f1)
 
 TASKS = ("passkey", "number_string", "kv_retrieval", "longbook_sum_eng", "longbook_choice_eng", "longbook_qa_eng",
          "longbook_qa_chn", "longdialogue_qa_eng", "math_find", "math_calc", "code_run", "code_debug")
@@ -157,22 +158,32 @@ def score_code_run(pred: str, label) -> float:
         return 0.0
 
 
+def squeezed(pred: str, chars) -> str:
+    """``chars`` (strings) replaced by spaces, runs of spaces made one."""
+    for c in chars:
+        pred = pred.replace(c, " ")
+    while "  " in pred:
+        pred = pred.replace("  ", " ")
+    return pred
+
+
+def after_phrase(pred: str, phrases) -> str | None:
+    """The text one character past the first of ``phrases`` that occurs (tried in order), "" when the
+    prediction ends there, None when none occurs: the answer-phrase rule of the two choice scorers."""
+    for phrase in phrases:
+        at = pred.find(phrase)
+        if at != -1:
+            return pred[at + len(phrase) + 1:]
+    return None
+
+
 def score_code_debug(pred: str, label) -> float:
     pred, (fn_name, letter) = pred.strip(), label
     if pred[:2] in (f"{letter}.", f"{letter}:"):
         return 1.0
-    for c in ("\n", "`", "'", '"', "-", "*", "Option", "option"):
-        pred = pred.replace(c, " ")
-    while "  " in pred:
-        pred = pred.replace("  ", " ")
-    for prefix in ("answer is:", "is:", "answer:", "correct option is:"):
-        at = pred.find(prefix)
-        if at == -1:
-            continue
-        if len(pred) < at + len(prefix) + 1:
-            return 0.0
-        return float(pred[at + len(prefix) + 1:].startswith((letter, fn_name)))
-    return 0.0
+    rest = after_phrase(squeezed(pred, ("\n", "`", "'", '"', "-", "*", "Option", "option")),
+                        ("answer is:", "is:", "answer:", "correct option is:"))
+    return float(bool(rest) and rest.startswith((letter, fn_name)))
 
 
 def score_math_find(pred: str, label) -> float:
@@ -200,17 +211,10 @@ def score_choice(pred: str, label) -> float:
         return float(pred[0] in label)
     if pred in label:
         return 1.0
-    for c in ("\n", '"', "'", ".", ",", "?", "!", "{", "}"):
-        pred = pred.replace(c, " ")
-    while "  " in pred:
-        pred = pred.replace("  ", " ")
-    for prefix in ("answer is:", "answer:", "answer is", "option is"):
-        at = pred.find(prefix)
-        if at == -1:
-            continue
-        if len(pred) < at + len(prefix) + 1:
-            return 0.0
-        return float(any(pred[at + len(prefix) + 1:].startswith(s) for s in label))
+    pred = squeezed(pred, ("\n", '"', "'", ".", ",", "?", "!", "{", "}"))
+    rest = after_phrase(pred, ("answer is:", "answer:", "answer is", "option is"))
+    if rest is not None:
+        return float(bool(rest) and any(rest.startswith(s) for s in label))
     return next((float(w in label) for w in pred.split() if w in "ABCD"), 0.0)
 
 
@@ -268,20 +272,11 @@ def as_answers(label) -> list[str]:
 
 def read_examples(path: Path) -> list[dict]:
     examples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            example = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchmarkFileError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+    for number, example in json_lines(path, "examples"):
         missing = [k for k in ("context", "input", "answer") if not isinstance(example, dict) or k not in example]
         if missing:
             raise BenchmarkFileError(f"{path} line {number}: missing {', '.join(missing)}")
-        example.setdefault("id", number - 1)
-        examples.append(example)
-    if not examples:
-        raise BenchmarkFileError(f"{path} holds no examples")
+        examples.append({"id": number - 1, **example})
     return examples
 
 
@@ -312,9 +307,8 @@ def load_rows(data_dir: str | Path, tokenizer, tasks: list[str] | None = None, s
                 context, question, prefix = split_prompt(example, task)
             except (ValueError, KeyError, TypeError) as e:
                 raise BenchmarkFileError(f"{path} example {example['id']}: {e}") from None
-            length = len(tokenizer(context, add_special_tokens=False)["input_ids"])
             rows.append(Row(context=context, question=question, answers=as_answers(label),
-                            task=f"infinitebench/{task}", length=length, answer_prefix=prefix,
+                            task=f"infinitebench/{task}", length=token_count(tokenizer, context), answer_prefix=prefix,
                             max_new_tokens=MAX_NEW_TOKENS[task], sample=i, layout="verbatim",
                             meta={"metric": "infinitebench", "label": label, "id": example["id"],
                                   "evidence": evidence(example, task, label)}))

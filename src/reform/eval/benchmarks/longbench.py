@@ -27,7 +27,8 @@ import re
 from pathlib import Path
 
 from ..rows import Row
-from .common import BenchmarkFileError, normalize_answer, normalize_zh_answer, split_at_context, spread, token_f1
+from .common import (BenchmarkFileError, json_lines, normalize_answer, normalize_zh_answer, split_at_context, spread,
+                     token_count, token_f1)
 
 # config/dataset2prompt.json, verbatim
 PROMPTS = {
@@ -180,7 +181,7 @@ def v1_rows(path: Path, dataset: str, tokenizer, samples: int | None) -> list[Ro
             raise BenchmarkFileError(f"{path} line {item['line']}: 'answers' must be a list of strings")
         context, question, prefix = split_at_context(before, item["context"], after.format(input=item["input"]))
         rows.append(Row(context=context, question=question, answers=answers, task=f"longbench/{dataset}",
-                        length=len(tokenizer(context, add_special_tokens=False)["input_ids"]), answer_prefix=prefix,
+                        length=token_count(tokenizer, context), answer_prefix=prefix,
                         max_new_tokens=MAX_NEW_TOKENS[dataset], sample=i,
                         layout="continuation" if dataset in NO_CHAT else "verbatim",
                         meta={"metric": "longbench", "dataset": dataset, "id": item.get("_id"),
@@ -206,7 +207,7 @@ def v2_rows(path: Path, tokenizer, samples: int | None) -> list[Row]:
         context, question, prefix = split_at_context(before, item["context"].strip(), after)
         rows.append(Row(context=context, question=question, answers=[item["answer"]],
                         task=f"longbench-v2/{item.get('domain', 'all')}",
-                        length=len(tokenizer(context, add_special_tokens=False)["input_ids"]), answer_prefix=prefix,
+                        length=token_count(tokenizer, context), answer_prefix=prefix,
                         max_new_tokens=V2_MAX_NEW_TOKENS, sample=i, layout="verbatim",
                         meta={"metric": "longbench", "dataset": "v2", "id": item.get("_id"),
                               "difficulty": item.get("difficulty"), "evidence": []}))
@@ -215,18 +216,10 @@ def v2_rows(path: Path, tokenizer, samples: int | None) -> list[Row]:
 
 def read_items(path: Path, need: tuple[str, ...]) -> list[dict]:
     items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchmarkFileError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+    for number, item in json_lines(path, "rows"):
         if not isinstance(item, dict) or any(not isinstance(item.get(k), (str, list)) for k in need):
             raise BenchmarkFileError(f"{path} line {number}: a LongBench row needs {', '.join(need)}")
         items.append({**item, "line": number})
-    if not items:
-        raise BenchmarkFileError(f"{path} holds no rows")
     return items
 
 

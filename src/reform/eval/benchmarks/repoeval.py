@@ -23,12 +23,11 @@ another file of the repository (RepoEval's definition), found with ``ast``.
 from __future__ import annotations
 
 import ast
-import json
 import random
 from pathlib import Path
 
 from ..rows import Row
-from .common import BenchmarkFileError, spread
+from .common import BenchmarkFileError, json_lines, spread, token_count
 
 LEVELS = ("line", "api")
 MAX_NEW_TOKENS = 64           # a line or one API call statement
@@ -94,7 +93,7 @@ def nearest_files(files: dict[str, str], target: str, tokens: dict[str, int], ma
 
 
 def file_tokens(files: dict[str, str], tokenizer) -> dict[str, int]:
-    return {path: len(tokenizer(code, add_special_tokens=False)["input_ids"]) for path, code in files.items()}
+    return {path: token_count(tokenizer, code) for path, code in files.items()}
 
 
 def task_row(task: dict, files: dict[str, str], level: str, sample: int, tokenizer,
@@ -118,7 +117,7 @@ def task_row(task: dict, files: dict[str, str], level: str, sample: int, tokeniz
     if not prompt.strip():
         raise ValueError("its prompt is empty")
     return Row(context=context, question=prompt, answers=[meta["ground_truth"]],
-               task=f"repoeval/{level}", length=len(tokenizer(context, add_special_tokens=False)["input_ids"]),
+               task=f"repoeval/{level}", length=token_count(tokenizer, context),
                max_new_tokens=MAX_NEW_TOKENS, sample=sample, layout="continuation",
                meta={"metric": "repoeval", "task_id": meta["task_id"], "file": target, "line_no": line_no,
                      "evidence": []})
@@ -126,23 +125,14 @@ def task_row(task: dict, files: dict[str, str], level: str, sample: int, tokeniz
 
 def read_tasks(path: Path) -> list[dict]:
     tasks = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchmarkFileError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+    for number, task in json_lines(path, "tasks"):
         meta = task.get("metadata") if isinstance(task, dict) else None
         need = ("task_id", "ground_truth", "fpath_tuple", "line_no", "context_start_lineno")
         if not isinstance(task.get("prompt") if isinstance(task, dict) else None, str) or not isinstance(meta, dict) \
                 or any(k not in meta for k in need):
             raise BenchmarkFileError(f"{path} line {number}: a RepoEval task needs 'prompt' and 'metadata' with "
                                      f"{', '.join(need)}")
-        task["line"] = number
-        tasks.append(task)
-    if not tasks:
-        raise BenchmarkFileError(f"{path} holds no tasks")
+        tasks.append({**task, "line": number})
     return tasks
 
 
