@@ -316,6 +316,7 @@ def test_cli_repoeval_from_a_repository(tiny_model_dir, tmp_path):
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(rec["status"] == "ok" for rec in records)
     assert all(rec["score"] == rec["es"] and rec["em"] in (0.0, 1.0) for rec in records)
+    assert "## Exact match (%)" in (out / "results.md").read_text()
     for args, message in (([], "give an official RepoEval FILE"),
                           (["--from-repo", str(root), "--level", "file"], "--level must be one of line, api"),
                           ([str(tmp_path / "x.jsonl")], "needs --repos"),

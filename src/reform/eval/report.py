@@ -46,10 +46,12 @@ def summary(cells: list[list[dict]]) -> dict:
     oks = [_ok(c) for c in cells]
     scores = [[r["score"] for r in ok] for ok in oks if ok]
     recalls = [g for g in ([r["recall"] for r in ok if r.get("recall") is not None] for ok in oks) if g]
+    exact = [g for g in ([r["em"] for r in ok if r.get("em") is not None] for ok in oks) if g]   # RepoEval's EM
     misses = Counter(miss_kind(r["score"], r.get("recall")) for ok in oks for r in ok)
     mean = lambda groups: _mean([sum(g) / len(g) for g in groups]) if groups else None
     return {"score": mean(scores), "n": sum(map(len, scores)), "ci": _interval(scores),
             "recall": mean(recalls), "recall_n": sum(map(len, recalls)), "recall_ci": _interval(recalls),
+            **({"em": mean(exact), "em_ci": _interval(exact)} if exact else {}),
             "reading_misses": misses["reading"], "retrieval_misses": misses["retrieval"],
             "skipped": sum(r["status"] == "skipped" for c in cells for r in c),
             "errors": sum(r["status"] == "error" for c in cells for r in c)}
@@ -123,7 +125,7 @@ def _percent(cell: dict | None, key: str = "score", ci: bool = True) -> str:
     """A cell as ``score [low–high]`` in %, or why it has no score."""
     if cell is None:
         return "—"
-    if cell[key] is None:
+    if cell.get(key) is None:
         if key != "score":
             return "n/a" if cell["n"] else "—"
         return "skipped" if cell["skipped"] else "error"
@@ -197,6 +199,11 @@ def markdown(metrics: dict, model: str = "") -> str:
                   "Rows scored below 100 % with every gold string recomputed (reading misses: the model had the "
                   "facts) / with some gold string left out (retrieval misses).", ""]
         lines += _grid(metrics, _misses)
+    if any(c.get("em") is not None for c in metrics["by_task"]):
+        lines += ["", "## Exact match (%)", "",
+                  "RepoEval's EM: the prediction's first lines, stripped, equal the target's (the score above is "
+                  "its edit similarity).", ""]
+        lines += _grid(metrics, lambda c: _percent(c, "em"))
     if metrics.get("shared_contexts"):
         lines += ["", "## Shared contexts: encode once, ask many", "",
                   "Contexts asked several questions in turn: score over all their questions (95 % interval), "
