@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 56's synthetic check on a lent GPU machine: does the gather recommended for documents
-# (REFORM+RAG with dense + BM25 scores, `reform+rag:retriever=dense+bm25`) lower the synthetic suites
+# (REFORM+RAG with dense + BM25 scores, max-pooled: `reform+rag:retriever=dense+bm25:pool_passages=true`) lower the synthetic suites
 # against REFORM's own gather? Both methods answer the same rows in one run (docs/evaluation.md).
 #
 #   bash scripts/gpu_gather_synthetic.sh MODEL OUT        MODEL: smollm2-135m, gemma-3-270m or a carried GGUF
@@ -18,7 +18,7 @@ set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: bash scripts/gpu_gather_synthetic.sh MODEL OUT" >&2; exit 2; }
 model=$1; out=$2
 STEPS=${STEPS:-ruler,niah,babilong}
-METHODS=${METHODS:-reform,reform+rag:retriever=dense+bm25}
+METHODS=${METHODS:-reform,reform+rag:retriever=dense+bm25:pool_passages=true}
 LENGTHS=${LENGTHS:-32k,64k,128k}; SAMPLES=${SAMPLES:-2}
 TASKS=${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt}
 T_RULER=${T_RULER:-300}; T_NIAH=${T_NIAH:-100}; T_BABILONG=${T_BABILONG:-120}

@@ -190,7 +190,7 @@ def test_documents_get_the_documents_method_unless_one_is_named():
     given (docs/methods.md, "Documents"); other commands, or a method named, keep what was asked."""
     from reform.cli.common import LoadArgs
     docs = LoadArgs().load(documents=True)
-    assert (docs["method"], docs["retriever"]) == ("reform+rag", "dense+bm25")
+    assert (docs["method"], docs["retriever"], docs["pool_passages"]) == ("reform+rag", "dense+bm25", True)
     assert LoadArgs(option=["retriever=bm25", "weight=0.3"]).load(documents=True) | {"model": None} == \
         docs | {"retriever": "bm25", "weight": 0.3}
     assert LoadArgs().load()["method"] == "reform" and "retriever" not in LoadArgs().load()

@@ -174,7 +174,7 @@ def test_gather_synthetic_script_answers_each_row_with_both_gathers(tmp_path):
         assert f"{step}: rc=0" in r.stdout
         preds = step_predictions(tmp_path / "run", step)
         assert {p["status"] for p in preds} == {"ok"}, step
-        assert sorted(p["method"] for p in preds) == ["reform", "reform+rag(retriever=dense+bm25)"], step
+        assert sorted(p["method"] for p in preds) == ["reform", "reform+rag(pool_passages=True,retriever=dense+bm25)"], step
         assert len({p["id"] for p in preds}) == 1, step      # the same row for both
     with tarfile.open(tmp_path / "run" / "gather-synthetic.tgz") as tar:
         assert "./ruler/results.md" in tar.getnames()

@@ -116,7 +116,8 @@ MethodOpt = typer.Option("reform", "--method", help="long-context method: reform
 DocumentMethodOpt = typer.Option(None, "--method", help="long-context method: reform, full, truncate, streaming, "
                                  "h2o, tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (docs/methods.md); "
                                  "default: reform, and for the documents of `ask FILE` and `encode`, reform+rag "
-                                 "with --option retriever=dense+bm25", show_default=False)
+                                 "with --option retriever=dense+bm25 --option pool_passages=true",
+                                 show_default=False)
 HeadsOpt = typer.Option(None, "--heads", help="embedding heads 'LAYER:KIND:HEAD,...' or a preset JSON "
                         "(default: the model's preset)")
 ChunkOpt = typer.Option(None, "--chunk-size", help="tokens per encoded chunk (default: window/4; reform and "

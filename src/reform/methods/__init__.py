@@ -18,9 +18,10 @@ from .tova import TOVAConfig, TOVA
 from .truncate import Truncate, TruncateConfig
 
 # What `reform ask FILE` and `reform encode` run when no --method is given: REFORM+RAG (REFORM §4.4) with
-# dense and BM25 passage scores, which gathered the evidence of real documents where REFORM's gather alone
-# missed it (docs/methods.md, "Documents"). Text given by other means keeps REFORM.
-DOCUMENTS_METHOD = ("reform+rag", {"retriever": "dense+bm25"})
+# dense and BM25 passage scores, max-pooled as REFORM pools its own, which gathered the evidence of real
+# documents where REFORM's gather alone missed it (docs/methods.md, "Documents"). Text given by other means
+# keeps REFORM.
+DOCUMENTS_METHOD = ("reform+rag", {"retriever": "dense+bm25", "pool_passages": True})
 
 # Earlier names, kept for code that imports them: a method class is named after its paper (docs/architecture.md).
 H2OMethod, TOVAMethod, InfiniPotMethod, InfLLMMethod, Streaming = H2O, TOVA, InfiniPot, InfLLM, StreamingLLM
