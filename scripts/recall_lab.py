@@ -166,11 +166,12 @@ def answer(ctx, row, variants: list[str], text: str) -> list[dict]:
         method = copy.copy(base)      # the paper's gather (whatever the context was saved with), then the variant
         method.config = reform_with(ctx, match_run=int(variant) if variant.isdigit() else 0).config
         if not variant.isdigit() and variant != "paper":
-            method.select = lambda c, part, timer, pick=VARIANTS[variant]: pick(c, part)
+            # the answer path gathers through select_scored (its scores feed the evidence): replace that
+            method.select_scored = lambda c, part, timer, pick=VARIANTS[variant]: (pick(c, part), None)
         ctx.method = method
         label = f"match_run={variant}" if variant.isdigit() else variant
         with torch.inference_mode():
-            kept = method.select(ctx, part, Timer())
+            kept = method.select_scored(ctx, part, Timer())[0]
         if paper_kept is not None and torch.equal(kept, paper_kept):
             # the same gathered tokens give the same greedy answer: the paper's, not asked again
             out.append({**out[0], "match_run": label, "same_as_paper": True})

@@ -189,3 +189,36 @@ def test_query_baseline_lets_a_rare_question_word_outscore_one_that_matches_ever
         Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=1.0)
     pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=0.99)
     assert options_json(pipe.method.config)["query_baseline"] == 0.99
+
+
+def test_recall_lab_answers_each_variant_from_its_own_gather(monkeypatch):
+    """scripts/recall_lab.py answers a row once per gather variant: each answer is recomputed from the tokens
+    that variant gathers (the answer path gathers through ``select_scored``), not from REFORM's own."""
+    import importlib.util
+    import sys
+    sys.path.insert(0, "tests")
+    from conftest import CharTokenizer, tiny
+    from reform.eval.rows import Row
+    from reform.methods import gather
+    from reform.pipeline import Pipeline
+    spec = importlib.util.spec_from_file_location("recall_lab", "scripts/recall_lab.py")
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
+                    recompute_budget=100, gather_keep=8, pool_window=9)
+    ctx = pipe.encode("The grass is green. " * 30 + "The magic number is 4711. " + "The sky is blue. " * 30)
+    head = lambda c, part: torch.arange(100)                      # a variant unlike REFORM's gather
+    monkeypatch.setitem(gather.VARIANTS, "head100", head)
+    row = Row(context="", question="What is the magic number?", answers=["4711"], task="t", length=0)
+    paper, mine = lab.answer(ctx, row, ["head100"], pipe.tokenizer.decode(ctx.ids.tolist()))
+    assert mine["match_run"] == "head100" and "same_as_paper" not in mine
+    assert mine["stats"]["recomputed_tokens"] == paper["stats"]["recomputed_tokens"]
+    kept = {}
+    original = type(ctx.method).answer
+    def spy(self, c, part, **kw):
+        ans = original(self, c, part, **kw)
+        kept[len(kept)] = ans.kept
+        return ans
+    monkeypatch.setattr(type(ctx.method), "answer", spy)
+    lab.answer(ctx, row, ["head100"], pipe.tokenizer.decode(ctx.ids.tolist()))
+    assert torch.equal(kept[1].cpu(), torch.arange(100)) and not torch.equal(kept[0].cpu(), torch.arange(100))
