@@ -47,6 +47,15 @@ def refused(*errors: type[Exception]):
         raise CliError(str(e)) from None
 
 
+def one_length(text: str) -> int:
+    """A single ``--length`` in tokens (``128k``, ``1M``); a list is refused."""
+    from ..eval.specs import parse_lengths
+    lengths = parse_lengths(text)
+    if len(lengths) != 1:
+        raise ValueError("--length takes one length")
+    return lengths[0]
+
+
 def _split(text: str | None) -> list[str]:
     return [t.strip() for t in (text or "").split(",") if t.strip()]
 
@@ -265,12 +274,8 @@ def infinitebench(data_dir: Path = typer.Argument(..., help="the folder of ∞-B
         if generate:
             if length is None:
                 raise CliError("--generate needs --length (e.g. 128k)")
-            from ..eval.specs import parse_lengths
             with refused():
-                lengths = parse_lengths(length)
-                if len(lengths) != 1:
-                    raise ValueError("--length takes one length")
-                written = ib.generate(data_dir, lengths[0], samples or 5, seed, _split(tasks))
+                written = ib.generate(data_dir, one_length(length), samples or 5, seed, _split(tasks))
             err.print(f"wrote {', '.join(str(p) for p in written)}", markup=False, highlight=False)
             return
         if length is not None:
@@ -322,12 +327,8 @@ def repoeval(file: Optional[Path] = typer.Argument(None, help="an official RepoE
                 raise CliError(f"{what} not found: {path}")
         max_length = None
         if length is not None:
-            from ..eval.specs import parse_lengths
             with refused():
-                lengths = parse_lengths(length)
-            if len(lengths) != 1:
-                raise CliError("--length takes one length")
-            max_length = lengths[0]
+                max_length = one_length(length)
 
         def rows_for(tokenizer):
             with refused(SyntaxError):
