@@ -7,7 +7,9 @@ with tiny random weights, offline, and run three ways against transformers itsel
 
 - one-shot prefill logits vs ``model(ids).logits``;
 - chunked prefill (several chunks, unbounded cache) vs the same logits;
-- greedy tokens vs ``model.generate``.
+- greedy tokens vs ``model.generate``;
+- the same greedy tokens decoded in a batch (``Engine.step``) beside a shorter prompt, against each
+  prompt decoded alone.
 
 Inputs are longer than any sliding window in the variants, so sliding-window layers are exercised.
 ``reform models`` prints the table; ``tests/test_conformance.py`` asserts "equal or refused" for every row.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .engine.batch import DecodeBatch
 from .engine.cache import KVCache
 from .engine.core import Engine, UnsupportedModelError
 
@@ -181,11 +184,29 @@ def check(name: str, model_type: str, overrides: dict | None = None, device: str
     hf_tokens = model.generate(ids[None], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0, SEQ:].tolist()
     hf_tokens = hf_tokens[:next((i for i, x in enumerate(hf_tokens) if x in eos), len(hf_tokens))]
     ours = list(engine.generate(ids, max_new_tokens=NEW_TOKENS, eos_ids=eos, chunk_size=CHUNK))
+    prompts = [ids, ids[:SEQ // 2 + 3]]
+    alone = [list(engine.generate(p, max_new_tokens=NEW_TOKENS, eos_ids=[], chunk_size=CHUNK)) for p in prompts]
+    batched = batched_greedy(engine, prompts, NEW_TOKENS)
     d1, d2 = float((one - ref).abs().max()), float((chunked - ref).abs().max())
-    ok = d1 <= TOLERANCE and d2 <= TOLERANCE and ours == hf_tokens
+    ok = d1 <= TOLERANCE and d2 <= TOLERANCE and ours == hf_tokens and batched == alone
     return Result(name, model_type, "equal" if ok else "different",
-                  "" if ok else f"one-shot {d1:.1e}, chunked {d2:.1e}, tokens {ours} vs {hf_tokens}",
+                  "" if ok else f"one-shot {d1:.1e}, chunked {d2:.1e}, tokens {ours} vs {hf_tokens}, "
+                                f"batched {batched} vs alone {alone}",
                   d1, d2, ours == hf_tokens)
+
+
+def batched_greedy(engine: Engine, prompts: list[torch.Tensor], n: int) -> list[list[int]]:
+    """``n`` greedy tokens of each prompt (no end-of-sequence stop), the prompts decoded together."""
+    batch, tokens = DecodeBatch(engine.shape.n_layers, len(prompts)), []
+    for prompt in prompts:
+        cache = KVCache.empty(engine.shape.n_layers)
+        hidden = engine.prefill(prompt, cache, chunk_size=CHUNK)
+        batch.join(cache)
+        tokens.append([int(engine.logits(hidden[-1:])[0].argmax())])
+    for _ in range(n - 1):
+        for seq, row in zip(tokens, engine.step(batch, [seq[-1] for seq in tokens])):
+            seq.append(int(row.argmax()))
+    return tokens
 
 
 # ---------------------------------------------------------------- vision-language models

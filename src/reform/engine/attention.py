@@ -78,6 +78,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     if n != start + t:
         raise ValueError(f"cache holds {n} keys, expected {start + t}")
     cpu = q.device.type == "cpu"
+    if t == 1 and cpu:
+        return decode_attention(q.transpose(0, 1), k[None], v[None], torch.tensor([n]), scaling, window=window,
+                                softcap=softcap, sinks=sinks).transpose(0, 1)
     if window is not None or softcap is not None or sinks is not None or _blocked_path(q):
         return blocked_attention(q, k, v, start, scaling, window, softcap, sinks)[0]
     gqa = q.shape[0] != k.shape[0]
@@ -94,6 +97,40 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=causal_lower_right(t, n),
                                              scale=scaling, enable_gqa=gqa)
     return out[0]
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scaling: float, *,
+                     window: int | None = None, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """One new query per sequence (decoding): ``q`` [B, H, D], sequence b's at position ``lengths[b] - 1``,
+    over its first ``lengths[b]`` entries of ``k``/``v`` [B, H_kv, N, D] (the rest is padding of a batch).
+
+    Two batched matmuls with the query heads of one KV group as the rows (K/V never repeated per head), the
+    softmax accumulated in fp32: the precision of transformers' eager attention and of the blocked path. On
+    CPU this is the decoding kernel, alone (B = 1) or batched (``Engine.step``): in bf16 the fused kernel
+    took 0.58 ms per layer for one query over 1,000 keys, these matmuls 0.12 ms (2-core Zen 4).
+    ``window``, ``softcap`` and ``sinks`` as in ``causal_attention``."""
+    b, h, d = q.shape
+    h_kv, n = k.shape[1], k.shape[2]
+    rep = h // h_kv
+    scaled = q if softcap is not None else q * scaling
+    # keys on the left: a slice of a batch's buffer multiplies in place (as the right operand, transposed,
+    # it was copied first: 1.07 against 0.28 ms for 8 sequences of 1,200 keys, bf16)
+    logits = torch.matmul(k, scaled.reshape(b, h_kv, rep, d).transpose(-1, -2)).transpose(-1, -2)   # [B, H_kv, rep, N]
+    if softcap is not None:
+        logits = torch.tanh(logits * (scaling / softcap)) * softcap
+    lengths = lengths.to(q.device)
+    keys = torch.arange(n, device=q.device)[None, :]
+    hidden = keys >= lengths[:, None]                                                  # padding
+    if window is not None:
+        hidden |= keys <= lengths[:, None] - 1 - window                                # left of the window
+    if bool(hidden.any()):
+        logits = logits.masked_fill(hidden[:, None, None, :], float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(logits, -1)
+    else:
+        probs = _softmax(logits.float().reshape(b, h, n), sinks[None].expand(b, h)).to(q.dtype).view(b, h_kv, rep, n)
+    return torch.matmul(probs, v).reshape(b, h, d)
 
 
 def attention_and_received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float,

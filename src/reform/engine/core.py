@@ -22,7 +22,8 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from .attention import attention_and_received, causal_attention, scores_fused
+from .attention import attention_and_received, causal_attention, decode_attention, scores_fused
+from .batch import DecodeBatch
 from .cache import RESERVE, KVCache, LayerCache
 from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token, qkv_flops_per_token
 from .rope import Rotary
@@ -182,6 +183,15 @@ class _Call:
     exit_layer: int | None    # the layer whose Q/K/V alone run (early exit), or None
 
 
+@dataclass
+class _StepCall:
+    """One ``Engine.step``: one new token for each of the first ``B`` sequences of a ``DecodeBatch``."""
+
+    batch: DecodeBatch
+    starts: torch.Tensor      # [B, layers]: where each sequence's new token sits in each layer
+    spans: list[int]          # each sequence's length once its token is in (length-dependent RoPE)
+
+
 class _CacheAdapter:
     """What a transformers attention module sees as its cache: appends the new keys (keeping their
     pre-RoPE copy) and values of layer ``layer_idx`` to our ``KVCache`` and returns all of them."""
@@ -193,6 +203,14 @@ class _CacheAdapter:
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         call = self.engine._call
+        if isinstance(call, _StepCall):           # each sequence's key and value go to its own slot
+            b = key_states.shape[0]
+            slots, at = torch.arange(b), call.starts[:, layer_idx]
+            keys, values = call.batch.keys[layer_idx], call.batch.values[layer_idx]
+            keys[slots, :, at] = key_states[:, :, -1]
+            values[slots, :, at] = value_states[:, :, -1]
+            held = int(at.max()) + 1              # the slots as one view, padded to the longest sequence
+            return keys[:b, :, :held], values[:b, :, :held]
         if layer_idx >= len(call.cache.layers):   # the early-exit layer: nothing is cached
             return key_states, value_states
         lc = call.cache.layers[layer_idx]
@@ -202,6 +220,8 @@ class _CacheAdapter:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         call = self.engine._call
+        if isinstance(call, _StepCall):
+            return int(call.starts[:, layer_idx].max())
         return call.starts[layer_idx] if layer_idx < len(call.starts) else 0
 
 
@@ -219,6 +239,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, sliding_
     unknown = sorted(k for k, v in kwargs.items() if k not in _ATTN_KWARGS and v is not None)
     if unknown:
         raise UnsupportedModelError(f"its attention takes {', '.join(unknown)}, which the engine does not support")
+    if isinstance(engine._call, _StepCall):
+        return engine._attend_step(module.layer_idx, query, key, value, scaling, sliding_window, softcap, s_aux)
     return engine._attend(module.layer_idx, query[0], key[0], value[0], scaling, sliding_window, softcap, s_aux)
 
 
@@ -313,7 +335,7 @@ class Engine:
         params = inspect.signature(self.layers[0].forward).parameters
         self._cache_arg = next((a for a in ("cache", "past_key_values", "layer_past", "past_key_value") if a in params),
                                "cache")   # what the model's decoder layers call their cache argument
-        self._call: _Call | None = None
+        self._call: _Call | _StepCall | None = None
         self.check_distance: float | None = None   # the load check's relative logit difference, once run
         self.check_reference: float | None = None  # half precision: transformers' own forward's distance from fp32
         _register_attention()
@@ -446,6 +468,21 @@ class Engine:
             out = causal_attention(q, k, v, start, scaling, window=window, softcap=softcap, sinks=sinks)
         self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, t, window))
         return out.transpose(0, 1)[None], None
+
+    def _attend_step(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling, window, softcap,
+                     sinks) -> tuple[torch.Tensor, None]:
+        """Layer ``i``'s attention in ``step``: every sequence's query ([B, H, 1, D]) over its own slot of the
+        padded keys and values the cache handed the model (``k``/``v`` [B, H_kv, N, D]), in one batched
+        product (``decode_attention``, the kernel a lone sequence decodes with on CPU)."""
+        call, s = self._call, self.shape
+        scaling = self.scaling if scaling is None else scaling
+        lengths = call.starts[:, i] + 1
+        lo = 0 if window is None else max(0, int(lengths.min()) - window)   # keys no query's window reaches
+        out = decode_attention(q[:, :, -1], k[:, :, lo:], v[:, :, lo:], lengths - lo, scaling, window=window,
+                               softcap=softcap, sinks=sinks)
+        for start in call.starts[:, i].tolist():
+            self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, 1, window))
+        return out[:, None], None
 
     def _arrange(self, arrange, i: int, q: torch.Tensor, lc: LayerCache, start: int):
         """Let the policy replace layer ``i``'s entries before the block (the block's own entries are set
@@ -635,3 +672,51 @@ class Engine:
             yield token
             if step + 1 < max_new_tokens:
                 hidden = self.prefill(torch.tensor([token], device=self.device), cache, chunk_size=1, policy=policy)
+
+    @torch.inference_mode()
+    def step(self, batch: DecodeBatch, tokens: Sequence[int]) -> torch.Tensor:
+        """One decoding step of the first ``len(tokens)`` sequences of ``batch`` at once (continuous
+        batching): ``tokens[b]`` goes through every layer at sequence b's own next position, its key and
+        value into b's slot; returns the next-token logits ``[B, vocab]`` (float32). No eviction policy runs.
+
+        The weights are read once for the whole batch, which is why a step of eight costs little more than
+        a step of one. The attention is the kernel a lone sequence decodes with on CPU, batched over the
+        slots; the matrix products may round a row differently in the last bit than they do alone.
+        Generated ids are in the vocabulary: no image rows are needed here."""
+        n = len(tokens)
+        if not 0 < n <= batch.size:
+            raise ValueError(f"step takes one token for each of the batch's first sequences (1 to {batch.size})")
+        starts = batch.lengths[:n].clone()
+        for length in starts.max(1).values.tolist():
+            self._check_positions(length, 1)
+        ids = torch.tensor(list(tokens), device=self.device)
+        if int(ids.max()) >= self.vocab or int(ids.min()) < 0:
+            raise ValueError("step takes generated token ids, which are in the vocabulary")
+        batch.reserve(n, int(starts.max()) + 1)
+        x = self.embed(ids[:, None])
+        if self.embedding_multiplier is not None:
+            x = x * self.embedding_multiplier
+        spans = (starts.max(1).values + 1).tolist()
+        call = _StepCall(batch, starts, spans)
+        with self._driving(call):
+            for i, layer in enumerate(self.layers):
+                at = starts[:, i]
+                out = layer(x, attention_mask=None, position_ids=at.to(self.device)[:, None], use_cache=True,
+                            position_embeddings=self._step_tables(i, at.tolist(), spans, x),
+                            **{self._cache_arg: self._adapter})
+                x = out[0] if isinstance(out, tuple) else out
+                self.flops.add("linear", self.layer_flops[i] * n)
+        batch.lengths[:n] += 1
+        return self.logits(x[:, -1])
+
+    def _step_tables(self, i: int, starts: list[int], spans: list[int], like: torch.Tensor):
+        """Layer ``i``'s cos/sin for one token per sequence at ``starts`` ([B, 1, rot_dim] each)."""
+        if not self.rotary.length_dependent:
+            cos, sin = self.rotary.cos_sin(i, 0, max(starts) + 1, like)
+            at = torch.tensor(starts, device=cos.device)
+            return cos[0, at][:, None], sin[0, at][:, None]
+        tables = []
+        for start, span in zip(starts, spans):
+            with self.rotary.spanning(span):
+                tables.append(self.rotary.cos_sin(i, start, 1, like))
+        return tuple(torch.cat(t) for t in zip(*tables))

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, NamedTuple, Protocol
+from typing import Any, Callable, ClassVar, NamedTuple, Protocol, Sequence
 
 import torch
 
-from ..documents.evidence import Passage, Source, passages
+from ..documents.evidence import Source, passages
 from ..engine.cache import KVCache
 from ..engine.core import Engine, EvictionPolicy, ModelShape
 from ..engine.layout import QuestionPart, Templater, as_tensor
-from ..engine.sampling import Sampling, StopScanner
-from ..stats import Timer, peak_cuda_mb, peak_memory_mb
+from ..engine.sampling import Sampling
+from ..stats import Timer
+from .answering import Answer, Answering, answer_together
 from .options import build_config, typed_options
 
 
@@ -37,30 +38,6 @@ class Runtime(Protocol):
     model_name: str
     identity: dict
     segment_runner: Callable[[list], list] | None
-
-
-@dataclass
-class Answer:
-    text: str
-    tokens: list[int]
-    method: str
-    input_tokens: int
-    stats: dict
-    finish_reason: str = "stop"   # "stop": end-of-sequence token or a stop string; "length": max_new_tokens
-    # indices of the context tokens the answer was recomputed from (None: it was read from a compressed
-    # cache, whose per-head contents have no single token set); the eval's gold recall checks them
-    kept: torch.Tensor | None = None
-    kept_scores: torch.Tensor | None = None     # the gather scores of ``kept`` (methods that score tokens)
-    # the passages the answer was recomputed from, best first (``documents.evidence``), and, when there
-    # are none, why
-    evidence: list[Passage] = field(default_factory=list)
-    evidence_note: str | None = None
-
-    def to_json(self) -> dict:
-        return {"answer": self.text, "method": self.method, "input_tokens": self.input_tokens,
-                "finish_reason": self.finish_reason, "stats": self.stats,
-                "evidence": [p.to_json() for p in self.evidence],
-                **({"evidence_note": self.evidence_note} if self.evidence_note else {})}
 
 
 @dataclass
@@ -97,6 +74,32 @@ class Context:
         ends before the first of the ``stop`` strings. A prompt plus ``max_new_tokens`` past the model's
         window is refused, unless ``fit_window``: then ``max_new_tokens`` is an upper bound, lowered to the
         room the window leaves after the prompt (finish reason "length" when that room runs out)."""
+        return self.start(question, answer_prefix=answer_prefix, max_new_tokens=max_new_tokens, on_text=on_text,
+                          temperature=temperature, top_p=top_p, seed=seed, stop=stop, fit_window=fit_window,
+                          layout=layout).run()
+
+    def ask_many(self, questions: Sequence[str | dict], *, max_batch: int = 8, **options) -> list[Answer]:
+        """Answer several questions at once: their gathers and prompts one by one, their tokens decoded
+        together, up to ``max_batch`` in one step (``methods/answering.py``). Each question is text, or a
+        dict of ``ask``'s arguments (``{"question": ..., "max_new_tokens": ...}``) over ``options`` (the
+        same for all). Greedy answers equal ``ask``'s (fp32: token for token; half precision: within
+        rounding); a method whose generation re-selects its cache (ReAttention) answers one at a time."""
+        if isinstance(questions, (str, dict)) or not isinstance(questions, Sequence):
+            raise TypeError("questions must be a list of questions (text, or dicts of ask's arguments)")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a whole number of at least 1, got {max_batch!r}")
+        asked = [{**options, **(q if isinstance(q, dict) else {"question": q})} for q in questions]
+        for one in asked:
+            if "question" not in one:
+                raise ValueError("each question given as a dict needs its 'question'")
+        return answer_together([lambda one=one: self.start(**one) for one in asked], max_batch)
+
+    def start(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
+              on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
+              seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False,
+              layout: str = "question") -> Answering:
+        """``ask``'s answer under way: the question checked, gathered and its prompt prefilled; its tokens
+        come one at a time (``Answering``), alone or decoded with others (``methods/answering.py``)."""
         for name, value in (("question", question), ("answer_prefix", answer_prefix)):
             if not isinstance(value, str):
                 raise TypeError(f"the {name} must be text (str), got {type(value).__name__}")
@@ -113,10 +116,8 @@ class Context:
         part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix),
                                   layout=layout)
         with self.pipeline.engine.input_rows(self.image_rows):
-            answer = self.method.answer(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
-                                        sampling=sampling, fit_window=fit_window)
-        self.attach_evidence(answer)
-        return answer
+            return self.method.start(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
+                                     sampling=sampling, fit_window=fit_window)
 
     def attach_evidence(self, answer: Answer) -> None:
         """``answer.evidence``: the passages of the context tokens it was recomputed from (or why none)."""
@@ -224,57 +225,17 @@ class Method:
         """A policy the prompt and every generated token run under (None: plain decoding)."""
         return None
 
-    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
-               on_text: Callable[[str], None] | None, sampling: Sampling = Sampling(),
-               fit_window: bool = False) -> Answer:
-        """Build the prompt, then decode with the full model (greedy unless ``sampling`` says otherwise;
-        ``fit_window`` as in ``Context.ask``)."""
-        pipe, timer = ctx.pipeline, Timer()
-        timer.add("encode", ctx.encode_seconds)
-        if ctx.load_seconds is not None:
-            timer.add("load", ctx.load_seconds)
-        prompt, cache, kept, kept_scores = self.prompt(ctx, part, timer)
-        if fit_window:
-            used = prompt.shape[0] + (cache.length if cache is not None else 0)
-            room = pipe.engine.max_positions - used
-            if room < 1:
-                raise ValueError(f"the prompt ({used} tokens with the cache) fills the model's window "
-                                 f"({pipe.engine.max_positions}): no room is left for an answer")
-            max_new_tokens = min(max_new_tokens, room)
-        tokens: list[int] = []
-        stop, shown, finish = StopScanner(sampling.stop, part.one_line), "", "stop"
-        t0 = time.perf_counter()
-        steps = pipe.engine.generate(prompt, max_new_tokens=max_new_tokens, eos_ids=pipe.eos_ids, cache=cache,
-                                     policy=self.generation_policy(ctx), choose=sampling.chooser(prompt.device))
-        for tok in steps:
-            if not tokens:
-                timer.add("recompute", time.perf_counter() - t0)   # prefill + first token
-                t0 = time.perf_counter()
-            tokens.append(tok)
-            text = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
-            visible = stop.final(text)
-            if not stop.stopped:
-                visible = visible.rstrip("\ufffd")              # a character still being decoded
-            if on_text is not None and len(visible) > len(shown):
-                on_text(visible[len(shown):])
-            shown = max(shown, visible, key=len)
-            if stop.stopped:
-                finish = "stop"
-                steps.close()
-                break
-        else:
-            finish = "stop" if len(tokens) < max_new_tokens else "length"   # "stop": an end-of-sequence token
-            shown_before, shown = shown, pipe.tokenizer.decode(tokens, skip_special_tokens=True)
-            if on_text is not None and len(shown) > len(shown_before):
-                on_text(shown[len(shown_before):])                 # a tail held back for a stop string
-        timer.add("recompute" if not tokens else "generate", time.perf_counter() - t0)
-        stats = {**{k: round(v, 3) for k, v in timer.seconds.items()},
-                 "recomputed_tokens": int(prompt.shape[0]), "new_tokens": len(tokens),
-                 "peak_memory_mb": peak_memory_mb()}
-        if (cuda := peak_cuda_mb()) is not None:
-            stats["peak_cuda_mb"] = cuda
-        return Answer(shown.strip(), tokens, self.name, int(ctx.ids.shape[0] + len(part.ids)), stats, finish, kept,
-                      kept_scores)
+    def start(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int,
+              on_text: Callable[[str], None] | None = None, sampling: Sampling = Sampling(),
+              fit_window: bool = False) -> Answering:
+        """Build the prompt and prefill it: the answer, ready to decode with the full model (greedy unless
+        ``sampling`` says otherwise; ``fit_window`` as in ``Context.ask``)."""
+        return Answering(self, ctx, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling,
+                         fit_window=fit_window)
+
+    def answer(self, ctx: Context, part: QuestionPart, **kwargs) -> Answer:
+        """``start``, then decode alone to the end."""
+        return self.start(ctx, part, **kwargs).run()
 
 
 class CachedMethod(Method):

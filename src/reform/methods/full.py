@@ -12,7 +12,8 @@ import torch
 from ..engine.core import Engine
 from ..engine.layout import QuestionPart
 from ..notes import PastWindowWarning
-from .base import Answer, Context, Method, Runtime, register
+from .answering import Answering
+from .base import Context, Method, Runtime, register
 
 
 
@@ -61,10 +62,10 @@ class Full(Method):
                           "answers", PastWindowWarning, stacklevel=2)
         return Context(pipe, self, ids)
 
-    def answer(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int, **kwargs) -> Answer:
+    def start(self, ctx: Context, part: QuestionPart, *, max_new_tokens: int, **kwargs) -> Answering:
         positions = ctx.ids.shape[0] + len(part.ids) + max_new_tokens
-        with ctx.pipeline.engine.past_window(positions):
-            return super().answer(ctx, part, max_new_tokens=max_new_tokens, **kwargs)
+        with ctx.pipeline.engine.past_window(positions):        # past the window, it then decodes alone
+            return super().start(ctx, part, max_new_tokens=max_new_tokens, **kwargs)
 
 
 class QuestionAlone(Method):

@@ -1,0 +1,128 @@
+"""Many answers at once (``Context.ask_many``, ``Engine.step``, ``DecodeBatch``): in fp32 every answer decoded
+in a batch equals the same answer alone, token for token, whatever the method, the prompt lengths, the stop
+rules or the sampling seed; an answer that leaves frees its slot for the next."""
+
+import pytest
+import torch
+
+from reform.conformance import VARIANTS, build
+from reform.engine.batch import DecodeBatch
+from reform.engine.cache import KVCache
+from reform.methods.answering import Together
+from reform.pipeline import Pipeline
+
+from conftest import CharTokenizer, tiny
+
+TEXT = " ".join(f"Key {i} opens door {i * 7 % 13}." for i in range(40))
+QUESTIONS = ["What does key 7 open?", "Which door does key 12 open?", "What is key 3?", "Key 30?",
+             "Tell me which door key 21 opens, please.", "Does key 5 open door 9?"]
+
+
+def pipeline(model, method="reform", **options):
+    defaults = {"reform": dict(heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=120),
+                "h2o": dict(chunk_size=64, cache_budget=120), "reattention": dict(chunk_size=64)}
+    return Pipeline(model, CharTokenizer(), method=method, **{**defaults.get(method, {}), **options})
+
+
+@pytest.mark.parametrize("method", ["reform", "h2o", "full", "truncate"])
+def test_answers_decoded_together_equal_each_alone(method):
+    pipe = pipeline(tiny("llama"), method)
+    ctx = pipe.encode(TEXT[:300] if method == "full" else TEXT)
+    alone = [ctx.ask(q, max_new_tokens=n) for q, n in zip(QUESTIONS, (9, 4, 12, 1, 7, 10))]
+    together = ctx.ask_many([{"question": q, "max_new_tokens": n} for q, n in zip(QUESTIONS, (9, 4, 12, 1, 7, 10))],
+                            max_batch=4)
+    assert [a.tokens for a in together] == [a.tokens for a in alone]
+    assert [a.text for a in together] == [a.text for a in alone]
+    assert [a.finish_reason for a in together] == [a.finish_reason for a in alone]
+    assert [a.stats["recomputed_tokens"] for a in together] == [a.stats["recomputed_tokens"] for a in alone]
+    if method == "reform":
+        assert all(torch.equal(a.kept, b.kept) for a, b in zip(together, alone))
+
+
+@pytest.mark.parametrize("name", ["gemma3 (5 local : 1 global)", "mistral (sliding window)"])
+def test_sliding_window_layers_decode_together_as_alone(name):
+    """Sliding-window layers: alone, their cache is trimmed to the window; in a batch, the window is a mask
+    over the slot. Both read the same keys."""
+    model_type, overrides = VARIANTS[name]
+    pipe = Pipeline(build(model_type, overrides), CharTokenizer(), method="full")
+    ctx = pipe.encode(TEXT[:150])                       # past the variants' window of 32
+    asked = [{"question": q, "max_new_tokens": 40} for q in QUESTIONS[:3]]
+    assert [a.tokens for a in ctx.ask_many(asked)] == [ctx.ask(**one).tokens for one in asked]
+
+
+def test_sampled_answers_keep_their_own_seed_in_a_batch():
+    ctx = pipeline(tiny("qwen2")).encode(TEXT)
+    asked = [{"question": q, "temperature": 1.0, "seed": s, "max_new_tokens": 10} for q, s in zip(QUESTIONS, (1, 2, 3))]
+    assert [a.tokens for a in ctx.ask_many(asked)] == [ctx.ask(**one).tokens for one in asked]
+
+
+def test_stop_strings_and_streamed_text_match_alone():
+    ctx = pipeline(tiny("llama")).encode(TEXT)
+    first = ctx.ask(QUESTIONS[0], max_new_tokens=12).text
+    stop = first[3:5] if len(first) > 5 else "zz"
+    streamed_alone, streamed_batch = [[], []], [[], []]
+    alone = [ctx.ask(q, max_new_tokens=12, stop=stop, on_text=streamed_alone[i].append)
+             for i, q in enumerate(QUESTIONS[:2])]
+    batch = ctx.ask_many([{"question": q, "on_text": streamed_batch[i].append} for i, q in enumerate(QUESTIONS[:2])],
+                         max_new_tokens=12, stop=stop)
+    assert [a.text for a in batch] == [a.text for a in alone]
+    assert ["".join(s) for s in streamed_batch] == ["".join(s) for s in streamed_alone] == [a.text for a in alone]
+
+
+def test_a_method_whose_generation_reselects_answers_alone_with_the_same_tokens():
+    ctx = pipeline(tiny("llama"), "reattention").encode(TEXT)
+    answering = ctx.start(QUESTIONS[0], max_new_tokens=5)
+    assert answering.alone
+    with pytest.raises(ValueError, match="decodes alone"):
+        Together(ctx.pipeline.engine, 2).add(answering)
+    assert [a.tokens for a in ctx.ask_many(QUESTIONS[:2], max_new_tokens=5)] == \
+           [ctx.ask(q, max_new_tokens=5).tokens for q in QUESTIONS[:2]]
+
+
+def test_an_answer_that_leaves_frees_its_slot_and_the_others_go_on_unchanged():
+    ctx = pipeline(tiny("llama")).encode(TEXT)
+    alone = [ctx.ask(q, max_new_tokens=10).tokens for q in QUESTIONS[:3]]
+    together = Together(ctx.pipeline.engine, 3)
+    members = [ctx.start(q, max_new_tokens=10) for q in QUESTIONS[:3]]
+    for a in members:
+        assert not together.add(a)
+    together.step()
+    together.drop(members[0])                           # its client left: the slot is free at once
+    assert len(together) == 2 and together.room() == 1
+    late = ctx.start(QUESTIONS[3], max_new_tokens=10)   # joins at the next step
+    together.add(late)
+    while together:
+        together.step()
+    assert [a.tokens for a in members[1:]] == alone[1:]
+    assert late.tokens == ctx.ask(QUESTIONS[3], max_new_tokens=10).tokens
+    assert together.batch.size == 0 and together.batch.nbytes() == 0     # memory given back
+
+
+def test_decode_batch_keeps_occupied_slots_first():
+    model = tiny("llama")
+    pipe = Pipeline(model, CharTokenizer(), method="full")
+    caches = []
+    for n in (5, 9, 7):
+        cache = KVCache.empty(pipe.engine.shape.n_layers)
+        pipe.engine.prefill(torch.arange(3, 3 + n), cache, chunk_size=64)
+        caches.append(cache)
+    batch = DecodeBatch(pipe.engine.shape.n_layers, 3)
+    assert [batch.join(c) for c in caches] == [0, 1, 2]
+    with pytest.raises(ValueError, match="full"):
+        batch.join(caches[0])
+    assert batch.leave(0) == 2                          # the last slot moved into the freed one
+    assert batch.lengths[:2, 0].tolist() == [7, 9]
+    assert torch.equal(batch.keys[0][0, :, :7], caches[2].layers[0].keys)
+    assert batch.leave(1) is None and batch.size == 1
+
+
+def test_ask_many_refuses_bad_input_in_one_line():
+    ctx = pipeline(tiny("llama")).encode(TEXT)
+    with pytest.raises(TypeError, match="list of questions"):
+        ctx.ask_many("one question")
+    with pytest.raises(ValueError, match="max_batch"):
+        ctx.ask_many(QUESTIONS[:2], max_batch=0)
+    with pytest.raises(ValueError, match="'question'"):
+        ctx.ask_many([{"max_new_tokens": 3}])
+    with pytest.raises(ValueError, match="empty"):
+        ctx.ask_many(["fine", " "])
