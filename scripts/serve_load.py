@@ -13,6 +13,15 @@ It prints and writes (``--out``: results.json, results.md) requests sent / answe
 latency, the server's RSS before and after each part, and how fast each fault was answered.
 
     python scripts/serve_load.py --out docs/results/serve-load
+
+``--throughput`` measures instead how many answers the server gives per second to users asking at once
+(continuous batching): a ~16k-token document is stored, then, for each ``--max-tokens``, the 32 different
+questions of ``TOPICS`` are asked one after another (the one-at-a-time answers), and ``--users`` of them
+at once through the official ``openai`` client (greedy). It reports answers and tokens per second, p50 and
+p95 latency, and how many answers equal their one-at-a-time answer:
+
+    python scripts/serve_load.py --throughput --out docs/results/serve-throughput-smollm2
+    python scripts/serve_load.py --throughput --max-batch 1 --out ...     # one answer at a time (before)
 """
 
 from __future__ import annotations
@@ -42,10 +51,10 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, store: str, port: int):
+    def __init__(self, store: str, port: int, *options: str):
         self.url, self.store, self.port = f"http://127.0.0.1:{port}", store, port
-        self.proc = subprocess.Popen([REFORM, "serve", "--port", str(port), "--store", store, "--no-access-log"],
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([REFORM, "serve", "--port", str(port), "--store", store, "--no-access-log",
+                                      *options], stderr=subprocess.DEVNULL)
         while True:
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
@@ -104,6 +113,63 @@ def ask_openai(url: str, context_id: str) -> tuple[bool, float]:
         return False, time.perf_counter() - t
 
 
+# what the 32 throughput questions ask about (the built-in prose is from Python's language reference)
+TOPICS = ["the assert statement", "assignment statements", "augmented assignment", "the pass statement",
+          "the del statement", "the return statement", "the yield statement", "the raise statement",
+          "the break statement", "the continue statement", "the import statement", "the global statement",
+          "the nonlocal statement", "future statements", "the if statement", "the while statement",
+          "the for statement", "the try statement", "the with statement", "the match statement",
+          "function definitions", "class definitions", "coroutines", "decorators", "lambda expressions",
+          "comparisons", "boolean operations", "conditional expressions", "generator expressions",
+          "slicings", "calls", "attribute references"]
+
+
+def chat(client, key: str, topic: str, max_tokens: int) -> dict:
+    """One greedy question about ``topic`` through the openai client: its answer, tokens and seconds."""
+    t = time.perf_counter()
+    r = client.chat.completions.create(model="reform", max_tokens=max_tokens, temperature=0,
+                                       extra_body={"context_id": key},
+                                       messages=[{"role": "user", "content": f"What does the text say about {topic}?"}])
+    return {"text": r.choices[0].message.content, "tokens": r.usage.completion_tokens,
+            "seconds": time.perf_counter() - t}
+
+
+def throughput(url: str, key: str, users: list[int], max_tokens: list[int]) -> list[dict]:
+    """Per ``max_tokens``: every topic asked one after another, then ``users`` at once; a row per count."""
+    import openai
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=1800, max_retries=0)
+    rows = []
+    for n in max_tokens:
+        alone = [chat(client, key, topic, n) for topic in TOPICS[:max(users)]]
+        for u in users:
+            t = time.perf_counter()
+            with ThreadPoolExecutor(u) as pool:
+                together = list(pool.map(lambda topic: chat(client, key, topic, n), TOPICS[:u]))
+            wall = time.perf_counter() - t
+            first = alone[:u]
+            seq_s, seq_tokens = sum(a["seconds"] for a in first), sum(a["tokens"] for a in first)
+            seconds = sorted(a["seconds"] for a in together)
+            row = {"max_tokens": n, "users": u, "wall_s": round(wall, 2), "tokens": sum(a["tokens"] for a in together),
+                   "answers_per_s": round(u / wall, 3),
+                   "tokens_per_s": round(sum(a["tokens"] for a in together) / wall, 2),
+                   "p50_s": round(statistics.median(seconds), 2), "p95_s": round(seconds[int(0.95 * (u - 1))], 2),
+                   "one_at_a_time_s": round(seq_s, 2), "one_at_a_time_tokens_per_s": round(seq_tokens / seq_s, 2),
+                   "speedup": round((sum(a["tokens"] for a in together) / wall) / (seq_tokens / seq_s), 2),
+                   "equal_answers": sum(a["text"] == b["text"] for a, b in zip(together, first))}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def throughput_table(rows: list[dict]) -> list[str]:
+    out = ["| max_tokens | users | answers/s | tokens/s | p50 s | p95 s | one at a time: tokens/s | × | equal answers |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r['max_tokens']} | {r['users']} | {r['answers_per_s']} | {r['tokens_per_s']} | {r['p50_s']} | "
+            f"{r['p95_s']} | {r['one_at_a_time_tokens_per_s']} | {r['speedup']} | {r['equal_answers']}/{r['users']} |"
+            for r in rows]
+    return out
+
+
 def tally(runs: list[tuple]) -> dict:
     """Requests sent, answered and lost, and the p50 / p95 latency of ``(answered, seconds, ...)`` runs."""
     seconds = sorted(r[1] for r in runs)
@@ -160,9 +226,33 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32, help="chats in all, spread over the clients")
     ap.add_argument("--burst", type=int, default=32, help="clients sending one chat each at once")
     ap.add_argument("--disconnects", type=int, default=60)
+    ap.add_argument("--throughput", action="store_true", help="measure users asking at once instead")
+    ap.add_argument("--users", default="1,4,8,16,32", help="with --throughput: users asking at once")
+    ap.add_argument("--max-tokens", default="64,256", help="with --throughput: answer lengths")
+    ap.add_argument("--model", default=None, help="the served model (default: reform serve's)")
+    ap.add_argument("--max-batch", type=int, default=None, help="reform serve --max-batch")
     args = ap.parse_args()
     from reform.machine import cpu_name
     results: dict = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
+    options = [*(["--model", args.model] if args.model else []),
+               *(["--max-batch", str(args.max_batch)] if args.max_batch else [])]
+    if args.throughput:
+        users, lengths = [int(u) for u in args.users.split(",")], [int(n) for n in args.max_tokens.split(",")]
+        with tempfile.TemporaryDirectory() as store:
+            server = Server(store, free_port(), *options)
+            key = httpx.post(f"{server.url}/v1/contexts", json={"text": document(11000, 0)}, timeout=120).json()["id"]
+            ready = wait_ready(server.url, key, 3600)
+            results.update(model=args.model or "default", max_batch=args.max_batch, context_tokens=ready.get("tokens"),
+                           rows=throughput(server.url, key, users, lengths))
+            server.stop()
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        table = [f"`python scripts/serve_load.py --throughput {' '.join(options)} --out {args.out}` on {results['cpu']}, "
+                 f"{results['date']}; a stored context of {results['context_tokens']} tokens", "",
+                 *throughput_table(results["rows"])]
+        (args.out / "results.md").write_text("\n".join(table) + "\n")
+        print("\n".join(table))
+        return
     with tempfile.TemporaryDirectory() as store:
         port = free_port()
         server = Server(store, port)

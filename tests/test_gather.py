@@ -214,11 +214,11 @@ def test_recall_lab_answers_each_variant_from_its_own_gather(monkeypatch):
     assert mine["match_run"] == "head100" and "same_as_paper" not in mine
     assert mine["stats"]["recomputed_tokens"] == paper["stats"]["recomputed_tokens"]
     kept = {}
-    original = type(ctx.method).answer
+    original = type(ctx.method).start
     def spy(self, c, part, **kw):
-        ans = original(self, c, part, **kw)
-        kept[len(kept)] = ans.kept
-        return ans
-    monkeypatch.setattr(type(ctx.method), "answer", spy)
+        answering = original(self, c, part, **kw)
+        kept[len(kept)] = answering.kept
+        return answering
+    monkeypatch.setattr(type(ctx.method), "start", spy)
     lab.answer(ctx, row, ["head100"], pipe.tokenizer.decode(ctx.ids.tolist()))
     assert torch.equal(kept[1].cpu(), torch.arange(100)) and not torch.equal(kept[0].cpu(), torch.arange(100))

@@ -364,7 +364,7 @@ def test_client_leaving_mid_stream_frees_the_worker(store, caplog):
                           json={"model": "reform", "messages": DOC_CHAT, "max_tokens": 250, "stream": True}) as r:
             next(r.iter_lines())
         t = time.time()
-        while server.worker.busy_since is not None:
+        while server.worker.busy():
             assert time.time() - t < 5, "the worker kept generating for a client that left"
             time.sleep(0.05)
         assert chat(server.client(), DOC_CHAT, max_tokens=3).choices[0].message.content is not None
@@ -806,3 +806,86 @@ def test_an_encode_started_by_a_chat_outlives_its_client_for_a_retry_then_stops_
                 "messages": [{"role": "system", "content": other}, {"role": "user", "content": QUESTION}]})
         s = wait_status(http, key, "failed", seconds=20)
         assert "cancelled" in s["error"] and server.worker.encoded == 0 and not tmp_store.joinpath(f"{key}.reform").exists()
+
+
+QUESTIONS = ["What does the fox do?", "Where did the cat sit?", "What is near the door?", "Is the dog lazy?",
+             "What colour is the fox?", "Who jumps?"]
+
+
+def slow_logits(pipe, seconds: float = 0.03):
+    logits = pipe.engine.logits
+    pipe.engine.logits = lambda h: (time.sleep(seconds), logits(h))[1]
+    return pipe
+
+
+def test_questions_asked_at_once_decode_together_and_equal_the_library(live):
+    """Continuous batching: six different questions sent at once (plain and streamed) are answered as the
+    library answers each alone, and the worker gave them their tokens in fewer steps than tokens."""
+    ctx = make_pipe().encode(DOC)
+    expected = [ctx.ask(q, max_new_tokens=n).text for q, n in zip(QUESTIONS, (12, 5, 9, 12, 3, 7))]
+    client = live.client()
+    chat(client, DOC_CHAT, max_tokens=1)                  # the document is stored once
+    steps = live.worker.steps
+
+    def ask(i):
+        messages = [DOC_CHAT[0], {"role": "user", "content": QUESTIONS[i]}]
+        n = (12, 5, 9, 12, 3, 7)[i]
+        if i % 2:
+            return "".join(c.choices[0].delta.content or "" for c in chat(client, messages, max_tokens=n, stream=True)
+                           if c.choices).strip(), None
+        r = chat(client, messages, max_tokens=n)
+        return r.choices[0].message.content, r.usage.completion_tokens
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(ask, range(6)))
+    assert [text for text, _ in got] == expected
+    tokens = sum(len(make_pipe().tokenizer(e, add_special_tokens=False)["input_ids"]) for e in expected)
+    assert live.worker.steps - steps < tokens            # steps served several answers each
+    assert not live.worker.together and live.worker.together.batch.nbytes() == 0
+
+
+def test_a_client_leaving_mid_batch_frees_its_place_and_the_others_are_unchanged(store):
+    pipe = slow_logits(make_pipe())
+    ctx = make_pipe().encode(DOC)
+    expected = [ctx.ask(q, max_new_tokens=40).text for q in QUESTIONS[1:3]]
+    with LiveServer(pipe, store) as server:
+        client = server.client()
+        chat(client, DOC_CHAT, max_tokens=1)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            others = [pool.submit(chat, client, [DOC_CHAT[0], {"role": "user", "content": q}], max_tokens=40)
+                      for q in QUESTIONS[1:3]]
+            with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=60,
+                              json={"model": "reform", "messages": DOC_CHAT, "max_tokens": 200, "stream": True}) as r:
+                for line in r.iter_lines():
+                    if '"content"' in line:
+                        break                           # the first token arrived: leave
+            deadline = time.time() + 5
+            while len(server.worker.together) > 2:      # its place is freed at the next step
+                assert time.time() < deadline, "the answer of a client that left kept decoding"
+                time.sleep(0.01)
+            assert [f.result().choices[0].message.content for f in others] == expected
+        assert "reform_batch_size 0.0" in httpx.get(f"{server.url}/metrics").text
+
+
+def test_an_encode_runs_while_answers_decode_and_neither_waits_for_the_other(store):
+    """An upload encodes chunk by chunk while a batch decodes: answers keep coming during the encode (they
+    end before it), the encode finishes, and both equal what the library computes alone."""
+    long_doc = DOC * 6
+    ctx = make_pipe().encode(DOC)
+    expected = [ctx.ask(q, max_new_tokens=30).text for q in QUESTIONS[:3]]
+    expected_long = make_pipe().encode(long_doc).ask(QUESTION, max_new_tokens=10).text
+    pipe = slow_logits(slow_pipe(0.2), 0.01)
+    with LiveServer(pipe, store) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        client = server.client()
+        chat(client, DOC_CHAT, max_tokens=1)
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = [pool.submit(chat, client, [DOC_CHAT[0], {"role": "user", "content": q}], max_tokens=30)
+                       for q in QUESTIONS[:3]]
+            while len(server.worker.together) < 3:
+                time.sleep(0.005)
+            key = http.post("/v1/contexts", json={"text": long_doc}).json()["id"]
+            assert [f.result().choices[0].message.content for f in answers] == expected
+            assert http.get(f"/v1/contexts/{key}").json()["status"] == "encoding"     # answered during it
+        wait_status(http, key, "ready")
+        long = client.chat.completions.create(model="reform", max_tokens=10, extra_body={"context_id": key},
+                                              messages=[{"role": "user", "content": QUESTION}])
+        assert long.choices[0].message.content == expected_long

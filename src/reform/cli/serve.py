@@ -23,6 +23,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
           api_key: Optional[str] = typer.Option(None, "--api-key", envvar="REFORM_API_KEY",
                                                 help="require 'Authorization: Bearer KEY' (or set REFORM_API_KEY)"),
           queue_size: int = typer.Option(16, "--queue-size", min=1, help="jobs queued for the model"),
+          max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="answers decoded at once "
+                                                  "(continuous batching; default: by free memory, at most 32)"),
           max_waiting: int = typer.Option(256, "--max-waiting", min=0, help="requests that wait in line (first "
                                           "come, first served) while the queue is full; more get 503"),
           memory_contexts: int = typer.Option(4, "--memory-contexts", min=1, help="recently used contexts "
@@ -71,7 +73,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting)
         options = {"store_max_bytes": None if store_max_gb is None else int(store_max_gb * 2**30),
-                   "queue_size": queue_size, "memory_contexts": memory_contexts}
+                   "queue_size": queue_size, "memory_contexts": memory_contexts, "max_batch": max_batch}
         if ray:
             check_load_options(load)
             return serve_on_ray(load, store, options, settings, host, port, address, replicas, threads_per_replica)

@@ -86,6 +86,7 @@ class Answering:
         self.stop = StopScanner(sampling.stop, part.one_line)
         self.tokens: list[int] = []
         self.shown, self.finish, self.done = "", "stop", False
+        self.error: Exception | None = None        # what ended it in a batch instead (its stream failed)
         self.t0 = time.perf_counter()
         self.cache = cache if cache is not None else KVCache.empty(engine.shape.n_layers)
         hidden = engine.prefill(prompt, self.cache, chunk_size=engine.shape.window, policy=self.policy)
@@ -159,7 +160,7 @@ class Answering:
 class Together:
     """Answers decoding as one batch: ``add`` one after its prefill (it joins at the next ``step``), ``step``
     gives every answer in the batch its next token and returns those that ended (their slots freed at
-    once), ``drop`` removes one whose client left. Answers that must run ``alone`` are not added here."""
+    once; ``error`` set on one whose streamed text failed), ``drop`` removes one whose client left. Answers that must run ``alone`` are not added here."""
 
     def __init__(self, engine, max_size: int):
         self.engine = engine
@@ -188,9 +189,15 @@ class Together:
         if not self.members:
             return []
         logits = self.engine.step(self.batch, [a.tokens[-1] for a in self.members])
-        ended = [a for a, row in zip(list(self.members), logits) if a.take(row)]
-        for a in ended:
-            self.drop(a)
+        ended = []
+        for a, row in zip(list(self.members), logits):
+            try:
+                done = a.take(row)
+            except Exception as e:      # its text could not be delivered (its client left): it ends here
+                a.error, done = e, True
+            if done:
+                ended.append(a)
+                self.drop(a)
         return ended
 
     def drop(self, answering: Answering) -> None:
@@ -227,5 +234,7 @@ def answer_together(starts: Sequence[Callable[[], Answering]], max_batch: int = 
                 index[id(answering)] = i
         if together is not None:
             for answering in together.step():
+                if answering.error is not None:
+                    raise answering.error
                 results[index.pop(id(answering))] = answering.answer()
     return results

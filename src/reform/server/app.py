@@ -334,7 +334,7 @@ async def health(request: Request):
     service = service_of(request)
     worker = service.worker
     return {"status": "ok", "model": service.model_id, "method": service.pipe.method.name, "queued": worker.queued(),
-            "busy": worker.busy_since is not None, "contexts_encoded": worker.encoded,
+            "busy": worker.busy(), "contexts_encoded": worker.encoded,
             "stored_contexts": len(worker.store.entries())}
 
 

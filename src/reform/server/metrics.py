@@ -19,7 +19,11 @@ class WorkerCollector:
         yield GaugeMetricFamily("reform_queue_depth", "jobs waiting for the model thread", value=w.queued())
         yield GaugeMetricFamily("reform_requests_waiting", "requests waiting in line for a place in the queue",
                                 value=len(self.line))
-        yield GaugeMetricFamily("reform_busy", "1 while the model thread runs a job", value=int(w.busy_since is not None))
+        yield GaugeMetricFamily("reform_batch_size", "answers decoding together now (continuous batching)",
+                                value=len(w.together))
+        yield GaugeMetricFamily("reform_max_batch", "answers that may decode together", value=w.max_batch)
+        yield CounterMetricFamily("reform_decode_steps", "decoding steps run for the batch", value=w.steps)
+        yield GaugeMetricFamily("reform_busy", "1 while the model thread runs a job or decodes answers", value=int(w.busy()))
         yield GaugeMetricFamily("reform_expected_wait_seconds", "expected wait of a job queued now",
                                 value=w.expected_wait())
         yield CounterMetricFamily("reform_contexts_encoded", "contexts encoded by this process", value=w.encoded)

@@ -23,7 +23,7 @@ from .admission import Line
 from .files import FileStore
 from .metrics import Metrics
 from .openai_schema import ApiError, Conversation, context_text, history_question
-from .worker import ContextStatus, QueueFull, Worker
+from .worker import ContextStatus, QueueFull, Underway, Worker
 
 
 @dataclass
@@ -260,9 +260,11 @@ class ChatJob:
             ctx, encoded = worker.context(self.key, self.text, job)
         else:
             ctx, encoded = pipe.without_context(), False
-        answer = ctx.ask(self.question, max_new_tokens=self.asked or self.service.settings.default_max_tokens,
-                         fit_window=self.asked is None, on_text=lambda s: job.emit(("text", s)), **self.req.sampling())
-        return answer, encoded or self.started_encode
+        answering = ctx.start(self.question, max_new_tokens=self.asked or self.service.settings.default_max_tokens,
+                              fit_window=self.asked is None, on_text=lambda s: job.emit(("text", s)),
+                              **self.req.sampling())
+        encoded = encoded or self.started_encode
+        return Underway(answering, lambda answer: (answer, encoded))     # it decodes in the worker's batch
 
     def put(self):
         worker, key = self.service.worker, self.key

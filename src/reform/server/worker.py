@@ -2,9 +2,15 @@
 side only waits for their results (or their streamed text), so a slow encode never blocks the event loop
 and two requests never touch the model at once.
 
-Questions do not wait behind an encode: between two chunks of an encode, the thread answers the queued
-questions whose context is already in memory or in the store (jobs submitted with ``key``), then goes on
-with the encode. A long upload delays such a question by about one chunk, not by the whole encode.
+Questions are answered together (continuous batching, docs/architecture.md, "Answering many at once"): a
+question's job gathers and prefills its prompt, then its answer joins the decoding batch at the next step
+and leaves it the moment it ends, by its stop, its ``max_tokens`` or its client leaving. Each step gives
+every answer in the batch its next token, reading the model's weights once for all of them.
+
+Questions do not wait behind an encode either: between two chunks of an encode, the thread starts the
+queued questions whose context is already in memory or in the store (jobs submitted with ``key``) and
+decodes the batch for about as long as the chunk took, then goes on with the encode. A long upload delays
+such a question by about one chunk, not by the whole encode, and answers halve its pace, never stop it.
 
 A context is named by its content key (``Pipeline.context_key``); the worker finds it in memory (a few
 recently used ones), else in the store (a saved file: no encode), else encodes it once and saves it.
@@ -22,6 +28,7 @@ from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ..methods.answering import Answering, Together
 from ..store import ContextFileError, ContextStore
 
 
@@ -98,6 +105,28 @@ class Job:
             pass
 
 
+@dataclass
+class Underway:
+    """What a job's ``fn`` returns when its answer decodes in the batch: the answer under way (prefilled),
+    and what the job resolves to once it ends (``result(answer)``)."""
+
+    answering: Answering
+    result: Callable[[Any], Any]
+
+
+def default_max_batch(pipe, share: float = 0.25, most: int = 32) -> int:
+    """How many answers may decode at once: as many whole-window KV caches as fit in ``share`` of the memory
+    free now, between 1 and ``most``."""
+    from ..methods.full import available_memory
+    engine, shape = pipe.engine, pipe.engine.shape
+    per_token = sum(2 * shape.n_kv_heads * shape.head_dim for _ in range(shape.n_layers)) * engine.dtype.itemsize
+    free = available_memory(engine.device)
+    if free is None:
+        return 8
+    return max(1, min(most, int(free * share) // (per_token * shape.window)))
+
+
+_DECODING = object()    # what ``_decode`` returns for an answer that joined the batch (its job resolves later)
 STALE_NOTE_S = 600      # an encode elsewhere whose note has not changed for this long is taken as dead
 ABANDONED_GRACE_S = 60  # an encode no chat waits for any more goes on this long for a client's retry
 
@@ -133,9 +162,15 @@ def owner_gone(owner: dict, me: dict) -> bool:
 class Worker:
     """Owns ``pipe`` (a ``Pipeline``) and ``store`` (a ``ContextStore``); ``submit`` queues a job."""
 
-    def __init__(self, pipe, store: ContextStore, *, queue_size: int = 16, memory_contexts: int = 4):
+    def __init__(self, pipe, store: ContextStore, *, queue_size: int = 16, memory_contexts: int = 4,
+                 max_batch: int | None = None):
         self.pipe, self.store = pipe, store
         self.queue_size = queue_size
+        self.max_batch = max_batch or default_max_batch(pipe)
+        self.together = Together(pipe.engine, self.max_batch)     # the answers decoding now
+        self.decoding: dict[int, tuple[Job, Underway]] = {}       # id(answering) -> its job
+        self.steps = 0                                            # decoding steps run (for /metrics)
+        self.answers_decoded = 0
         self.pending: deque[Job | None] = deque()                # None: stop once the jobs before it ran
         self.arrived = threading.Condition()                     # guards ``pending``
         self.encoding: str | None = None                         # the key being encoded, between its chunks
@@ -185,12 +220,21 @@ class Worker:
     def _run(self) -> None:
         while True:
             with self.arrived:
-                while not self.pending:
+                while not self.pending and not self.together:
                     self.arrived.wait()
-                job = self.pending.popleft()
-            if job is None:
-                return
-            self._execute(job)
+                head = self.pending[0] if self.pending else None
+                if self.pending and head is None and not self.together:
+                    return                              # stop: every job before it ran, every answer ended
+                startable = head is not None and (self.together.room() > 0 or not self.is_question(head))
+                job = self.pending.popleft() if startable else None
+            if job is not None:
+                self._execute(job)
+            else:
+                self._step()
+
+    @staticmethod
+    def is_question(job: Job) -> bool:
+        return job.key is not None or job.no_context
 
     def _execute(self, job: Job) -> None:
         if job.cancel.is_set():
@@ -199,18 +243,74 @@ class Worker:
         outer, self.busy_since = self.busy_since, time.monotonic()
         started = self.busy_since
         try:
-            job._resolve(True, job.fn(job))
+            result = job.fn(job)
+            if isinstance(result, Underway):
+                result = self._decode(job, result)
+            if result is not _DECODING:
+                job._resolve(True, result)
         except Deferred:
             with self.arrived:
                 self.pending.appendleft(job)
         except BaseException as e:      # every failure goes back to its request; the thread lives on
-            # without its traceback: its frames hold the generation's tensors (tens of MB) in a reference
-            # cycle through this frame, which only a full garbage collection would free
-            e.__traceback__ = None
-            job._resolve(False, e)
+            self._fail(job, e)
         finally:
             self.busy_since = outer
             self.job_seconds += 0.2 * (time.monotonic() - started - self.job_seconds)
+
+    @staticmethod
+    def _fail(job: Job, e: BaseException) -> None:
+        # without its traceback: its frames hold the generation's tensors (tens of MB) in a reference
+        # cycle through this frame, which only a full garbage collection would free
+        e.__traceback__ = None
+        job._resolve(False, e)
+
+    def _decode(self, job: Job, underway: Underway):
+        """A prefilled answer: it joins the batch (``_DECODING``: the job resolves when it ends), ends at its
+        first token, or, when it cannot decode in a batch, runs alone now."""
+        answering = underway.answering
+        if answering.alone:
+            return underway.result(answering.run())
+        if self.together.add(answering):
+            return underway.result(answering.answer())
+        self.decoding[id(answering)] = (job, underway)
+        return _DECODING
+
+    def _step(self) -> None:
+        """One decoding step of every answer in the batch; those whose client left are dropped first."""
+        for answering in list(self.together.members):
+            job, _ = self.decoding[id(answering)]
+            try:
+                job.check()
+            except Cancelled as e:
+                self._leave(answering, e)
+        if not self.together:
+            return
+        self.steps += 1
+        try:
+            ended = self.together.step()
+        except BaseException as e:      # the step itself failed: each answer in it fails, the thread lives on
+            for answering in list(self.together.members):
+                self._leave(answering, e)
+            return
+        for answering in ended:
+            job, underway = self.decoding.pop(id(answering))
+            if answering.error is not None:
+                self._fail(job, answering.error)
+                continue
+            self.answers_decoded += 1
+            try:
+                job._resolve(True, underway.result(answering.answer()))
+            except BaseException as e:
+                self._fail(job, e)
+
+    def _leave(self, answering: Answering, e: BaseException) -> None:
+        self.together.drop(answering)
+        job, _ = self.decoding.pop(id(answering))
+        self._fail(job, e)
+
+    def busy(self) -> bool:
+        """The model thread runs a job or decodes answers."""
+        return self.busy_since is not None or bool(self.together)
 
     def expected_wait(self) -> float:
         """Seconds until a job queued now would start: the queue times the average job, plus what the
@@ -224,12 +324,15 @@ class Worker:
             s = self.status.get(key)
         return (s.tokens_encoded, s.tokens) if s is not None and s.status == "encoding" else None
 
-    def _answer_waiting(self) -> None:
-        """Between two chunks of an encode: run the queued questions whose context is at hand."""
+    def _answer_waiting(self, chunk_seconds: float = 0.0) -> None:
+        """Between two chunks of an encode: start the queued questions whose context is at hand (while the
+        batch has room), then decode the batch for about ``chunk_seconds``, the chunk's own time."""
         with self.arrived:
             waiting = [j for j in self.pending if j is not None and (j.no_context or j.key is not None
                                                                      and j.key != self.encoding)]
         for job in waiting:
+            if self.together.room() == 0:
+                break
             with self.lock:
                 at_hand = job.no_context or job.key in self.loaded
             try:
@@ -243,6 +346,9 @@ class Worker:
                     continue
                 self.pending.remove(job)
             self._execute(job)
+        until = time.monotonic() + chunk_seconds
+        while self.together and time.monotonic() < until:
+            self._step()
 
     # ------------------------------------------------------------------ contexts (run on the model thread)
     def context(self, key: str, text: str | None, job: Job):
@@ -282,6 +388,7 @@ class Worker:
 
         self.publish(key)
         last = [time.monotonic()]
+        chunk_began = [time.monotonic()]
 
         def progress(n: int) -> None:
             job.check()
@@ -289,7 +396,8 @@ class Worker:
             if time.monotonic() - last[0] > 2:       # other replicas see the progress every few seconds
                 last[0] = time.monotonic()
                 self.publish(key)
-            self._answer_waiting()
+            self._answer_waiting(time.monotonic() - chunk_began[0])
+            chunk_began[0] = time.monotonic()
 
         self.encoding = key
         try:
