@@ -142,10 +142,12 @@ def throughput(url: str, key: str, users: list[int], max_tokens: list[int]) -> l
     for n in max_tokens:
         alone = [chat(client, key, topic, n) for topic in TOPICS[:max(users)]]
         for u in users:
+            steps, step_s = decode_steps(url)
             t = time.perf_counter()
             with ThreadPoolExecutor(u) as pool:
                 together = list(pool.map(lambda topic: chat(client, key, topic, n), TOPICS[:u]))
             wall = time.perf_counter() - t
+            steps_after, step_s_after = decode_steps(url)
             first = alone[:u]
             seq_s, seq_tokens = sum(a["seconds"] for a in first), sum(a["tokens"] for a in first)
             seconds = sorted(a["seconds"] for a in together)
@@ -155,18 +157,30 @@ def throughput(url: str, key: str, users: list[int], max_tokens: list[int]) -> l
                    "p50_s": round(statistics.median(seconds), 2), "p95_s": round(seconds[int(0.95 * (u - 1))], 2),
                    "one_at_a_time_s": round(seq_s, 2), "one_at_a_time_tokens_per_s": round(seq_tokens / seq_s, 2),
                    "speedup": round((sum(a["tokens"] for a in together) / wall) / (seq_tokens / seq_s), 2),
-                   "equal_answers": sum(a["text"] == b["text"] for a, b in zip(together, first))}
+                   "equal_answers": sum(a["text"] == b["text"] for a, b in zip(together, first)),
+                   "decode_steps": steps_after - steps,
+                   "ms_per_step": round(1000 * (step_s_after - step_s) / max(1, steps_after - steps), 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
+def decode_steps(url: str) -> tuple[int, float]:
+    """Decoding steps the server has run so far, and their seconds (its /metrics)."""
+    found = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(("reform_decode_steps_total ", "reform_decode_step_seconds_total ")):
+            name, value = line.split()
+            found[name] = float(value)
+    return int(found.get("reform_decode_steps_total", 0)), found.get("reform_decode_step_seconds_total", 0.0)
+
+
 def throughput_table(rows: list[dict]) -> list[str]:
-    out = ["| max_tokens | users | answers/s | tokens/s | p50 s | p95 s | one at a time: tokens/s | × | equal answers |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| max_tokens | users | answers/s | tokens/s | p50 s | p95 s | one at a time: tokens/s | × | equal answers "
+           "| ms per step |", "|---|---|---|---|---|---|---|---|---|---|"]
     out += [f"| {r['max_tokens']} | {r['users']} | {r['answers_per_s']} | {r['tokens_per_s']} | {r['p50_s']} | "
-            f"{r['p95_s']} | {r['one_at_a_time_tokens_per_s']} | {r['speedup']} | {r['equal_answers']}/{r['users']} |"
-            for r in rows]
+            f"{r['p95_s']} | {r['one_at_a_time_tokens_per_s']} | {r['speedup']} | {r['equal_answers']}/{r['users']} | "
+            f"{r['ms_per_step']} |" for r in rows]
     return out
 
 

@@ -77,8 +77,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         if ray:
             check_load_options(load)
             return serve_on_ray(load, store, options, settings, host, port, address, replicas, threads_per_replica)
-        pipe = pipeline_from(load)
-        web = build_app(pipe, store, settings=settings, **options)
+        web = build_app(lambda: pipeline_from(load), store, settings=settings, **options)   # loaded on its thread
+        pipe = web.state.worker.pipe
     except ContextFileError as e:
         fail(CliError(str(e)))
     except CliError as e:

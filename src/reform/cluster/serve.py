@@ -27,7 +27,8 @@ class ReformReplica:
         if self.threads:
             import torch
             torch.set_num_threads(self.threads)
-        return build_app(load_pipeline(self.load), self.store, settings=Settings(**self.settings), **self.options)
+        return build_app(lambda: load_pipeline(self.load), self.store, settings=Settings(**self.settings),
+                         **self.options)
 
 
 def deployment(load: dict, store: str, *, replicas: int, threads_per_replica: int = 1, options: dict | None = None,

@@ -79,8 +79,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
         raise ValueError(f"cache holds {n} keys, expected {start + t}")
     cpu = q.device.type == "cpu"
     if t == 1 and cpu:
-        return decode_attention(q.transpose(0, 1), k[None], v[None], torch.tensor([n]), scaling, window=window,
-                                softcap=softcap, sinks=sinks).transpose(0, 1)
+        return decode_attention(q.transpose(0, 1), k[None], v[None], scaling, window=window, softcap=softcap,
+                                sinks=sinks).transpose(0, 1)
     if window is not None or softcap is not None or sinks is not None or _blocked_path(q):
         return blocked_attention(q, k, v, start, scaling, window, softcap, sinks)[0]
     gqa = q.shape[0] != k.shape[0]
@@ -99,38 +99,90 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return out[0]
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scaling: float, *,
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, *,
                      window: int | None = None, softcap: float | None = None,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """One new query per sequence (decoding): ``q`` [B, H, D], sequence b's at position ``lengths[b] - 1``,
-    over its first ``lengths[b]`` entries of ``k``/``v`` [B, H_kv, N, D] (the rest is padding of a batch).
+    """One new query per head (decoding): ``q`` [1, H, D] at the last position of ``k``/``v`` [1, H_kv, N, D].
 
-    Two batched matmuls with the query heads of one KV group as the rows (K/V never repeated per head), the
-    softmax accumulated in fp32: the precision of transformers' eager attention and of the blocked path. On
-    CPU this is the decoding kernel, alone (B = 1) or batched (``Engine.step``): in bf16 the fused kernel
-    took 0.58 ms per layer for one query over 1,000 keys, these matmuls 0.12 ms (2-core Zen 4).
-    ``window``, ``softcap`` and ``sinks`` as in ``causal_attention``."""
+    Two matmuls with the query heads of one KV group as the rows (K/V never repeated per head), the softmax
+    accumulated in fp32: the precision of transformers' eager attention and of the blocked path. On CPU this
+    is the decoding kernel, alone and in a batch (``Engine.step``): in bf16 the fused kernel took 0.58 ms
+    per layer for one query over 1,000 keys, these matmuls 0.12 ms (2-core Zen 4). ``window``, ``softcap``
+    and ``sinks`` as in ``causal_attention``."""
+    return decode_mix(decode_logits(q, k, scaling, softcap), v, window=window, sinks=sinks)
+
+
+DECODE_BLOCK = 256     # keys per block of ``batch_decode_attention``'s sums
+
+
+def batch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor,
+                           end: torch.Tensor, scaling: float, *, softcap: float | None = None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """One new query per sequence of a batch (``Engine.step``): ``q`` [B, H, D]; sequence b reads its keys
+    ``first[b] .. end[b] - 1`` of ``k``/``v`` [B, H_kv, N, D], N a multiple of ``DECODE_BLOCK``. Returns
+    [B, H, D].
+
+    Every sum over keys runs block by block, ``DECODE_BLOCK`` keys each, the blocks added in order: a
+    block a sequence does not reach adds exactly zero, so a sequence gets the same numbers whatever the
+    batch pads it to, alone included, as long as block j always starts at the same key (callers slice from
+    a multiple of ``DECODE_BLOCK``). A plain softmax or product over a padded length rounded differently
+    (9 of 480 sequences in bf16). Probabilities in fp32, then the precision of the values, as eager
+    attention."""
     b, h, d = q.shape
     h_kv, n = k.shape[1], k.shape[2]
-    rep = h // h_kv
+    rep, blocks = h // h_kv, n // DECODE_BLOCK
+    keys = torch.arange(n, device=q.device)
+    outside = (keys < first[:, None].to(q.device)) | (keys >= end[:, None].to(q.device))            # [B, N]
+    logits = decode_logits(q, k, scaling, softcap).float().masked_fill(outside[:, None, None, :], float("-inf"))
+    top = logits.amax(-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.float().view(1, h_kv, rep, 1)
+        top = torch.maximum(top, sink)
+    weights = torch.exp(logits - top).contiguous()                                    # [B, H_kv, rep, N]
+    per_block = weights.view(b, h_kv, rep, blocks, DECODE_BLOCK).sum(-1)
+    total = per_block[..., 0]
+    for j in range(1, blocks):
+        total = total + per_block[..., j]
+    if sinks is not None:
+        total = total + torch.exp(sink - top)[..., 0]
+    probs = (weights / total[..., None]).to(v.dtype).view(b, h_kv, rep, blocks, DECODE_BLOCK).transpose(2, 3)
+    mixed = torch.matmul(probs, v.reshape(b, h_kv, blocks, DECODE_BLOCK, v.shape[-1]))   # [B, H_kv, blocks, rep, D]
+    out = mixed[:, :, 0].float()
+    for j in range(1, blocks):
+        out = out + mixed[:, :, j].float()
+    return out.to(v.dtype).reshape(b, h, v.shape[-1])
+
+
+def decode_logits(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
+    """``decode_attention``'s logits, ``[B, H_kv, rep, N]`` for ``q`` [B, H, D] over ``k`` [B, H_kv, N, D]:
+    each a dot product over the head dimension alone, so the same number however many sequences or keys
+    share the call (``Engine.step`` computes a batch's at once, padded to the longest)."""
+    b, h, d = q.shape
+    h_kv = k.shape[1]
     scaled = q if softcap is not None else q * scaling
     # keys on the left: a slice of a batch's buffer multiplies in place (as the right operand, transposed,
     # it was copied first: 1.07 against 0.28 ms for 8 sequences of 1,200 keys, bf16)
-    logits = torch.matmul(k, scaled.reshape(b, h_kv, rep, d).transpose(-1, -2)).transpose(-1, -2)   # [B, H_kv, rep, N]
+    logits = torch.matmul(k, scaled.reshape(b, h_kv, h // h_kv, d).transpose(-1, -2)).transpose(-1, -2)
     if softcap is not None:
         logits = torch.tanh(logits * (scaling / softcap)) * softcap
-    lengths = lengths.to(q.device)
-    keys = torch.arange(n, device=q.device)[None, :]
-    hidden = keys >= lengths[:, None]                                                  # padding
-    if window is not None:
-        hidden |= keys <= lengths[:, None] - 1 - window                                # left of the window
-    if bool(hidden.any()):
-        logits = logits.masked_fill(hidden[:, None, None, :], float("-inf"))
+    return logits
+
+
+def decode_mix(logits: torch.Tensor, v: torch.Tensor, *, window: int | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The rest of ``decode_attention`` for sequences of one length: softmax over the keys of ``logits``
+    [B, H_kv, rep, N] (within the last ``window``), then the mix of ``v`` [B, H_kv, N, D]; [B, H, D]. Its
+    sums run over N, so ``Engine.step`` calls it per sequence, over exactly that sequence's keys."""
+    b, h_kv, rep, n = logits.shape
+    if window is not None and n > window:                                     # keys left of the window
+        logits = logits.clone()
+        logits[..., :n - window] = float("-inf")
     if sinks is None:
         probs = torch.softmax(logits, -1)
     else:
-        probs = _softmax(logits.float().reshape(b, h, n), sinks[None].expand(b, h)).to(q.dtype).view(b, h_kv, rep, n)
-    return torch.matmul(probs, v).reshape(b, h, d)
+        probs = _softmax(logits.float().reshape(b, h_kv * rep, n), sinks[None].expand(b, h_kv * rep))
+        probs = probs.to(v.dtype).view(b, h_kv, rep, n)
+    return torch.matmul(probs, v).reshape(b, h_kv * rep, v.shape[-1])
 
 
 def attention_and_received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float,

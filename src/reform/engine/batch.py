@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .attention import DECODE_BLOCK
 from .cache import KVCache
 
 ROOM = 256     # entries of room a buffer is given past the longest sequence when it grows
@@ -75,7 +76,8 @@ class DecodeBatch:
         if self.keys and slots <= allocated and entries <= self.capacity:
             return
         grown_slots = allocated if slots <= allocated else min(self.max_size, max(slots, 2 * allocated))
-        capacity = max(entries + ROOM, self.capacity)
+        # whole blocks: a step reads the slots up to the end of the last block in use (``Engine.step``)
+        capacity = max(-(-(entries + ROOM) // DECODE_BLOCK) * DECODE_BLOCK, self.capacity)
         old = self.keys + self.values
         shapes = [(t.shape[1], t.shape[3], t.dtype, t.device) for t in old] or \
                  [(t.shape[0], t.shape[2], t.dtype, t.device) for t in [lc.keys for lc in like] + [lc.values for lc in like]]

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from .attention import attention_and_received, causal_attention, decode_attention, scores_fused
+from .attention import DECODE_BLOCK, attention_and_received, batch_decode_attention, causal_attention, scores_fused
 from .batch import DecodeBatch
 from .cache import RESERVE, KVCache, LayerCache
 from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token, qkv_flops_per_token
@@ -185,11 +185,21 @@ class _Call:
 
 @dataclass
 class _StepCall:
-    """One ``Engine.step``: one new token for each of the first ``B`` sequences of a ``DecodeBatch``."""
+    """One ``Engine.step``: one new token for each of the first ``n`` sequences of a ``DecodeBatch`` (the
+    rows past ``n`` are padding, ``STEP_ROWS``)."""
 
     batch: DecodeBatch
-    starts: torch.Tensor      # [B, layers]: where each sequence's new token sits in each layer
+    n: int
+    starts: torch.Tensor      # [n, layers]: where each sequence's new token sits in each layer
     spans: list[int]          # each sequence's length once its token is in (length-dependent RoPE)
+
+
+# A decoding step computes at least this many rows, padding with copies of the first: the matrix products
+# then take the same kernel whatever the batch holds, one sequence or many. Alone, a row took another
+# (1-row) kernel whose sums over more than 1,024 inputs round differently, in bf16 about one output in
+# 600 by one unit in the last place (oneDNN, Zen 4), enough to turn greedy answers of 64 tokens: 7 of 8
+# differed from their batched selves before, 0 of 8 after. fp32 (MKL) agreed from 8 rows on.
+STEP_ROWS = 8
 
 
 class _CacheAdapter:
@@ -204,13 +214,13 @@ class _CacheAdapter:
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         call = self.engine._call
         if isinstance(call, _StepCall):           # each sequence's key and value go to its own slot
-            b = key_states.shape[0]
-            slots, at = torch.arange(b), call.starts[:, layer_idx]
+            n, at = call.n, call.starts[:, layer_idx]
             keys, values = call.batch.keys[layer_idx], call.batch.values[layer_idx]
-            keys[slots, :, at] = key_states[:, :, -1]
-            values[slots, :, at] = value_states[:, :, -1]
-            held = int(at.max()) + 1              # the slots as one view, padded to the longest sequence
-            return keys[:b, :, :held], values[:b, :, :held]
+            keys[torch.arange(n), :, at] = key_states[:n, :, -1]
+            values[torch.arange(n), :, at] = value_states[:n, :, -1]
+            # the slots as one view, padded to the end of the longest sequence's last block
+            held = -(-(int(at.max()) + 1) // DECODE_BLOCK) * DECODE_BLOCK
+            return keys[:n, :, :held], values[:n, :, :held]
         if layer_idx >= len(call.cache.layers):   # the early-exit layer: nothing is cached
             return key_states, value_states
         lc = call.cache.layers[layer_idx]
@@ -471,18 +481,21 @@ class Engine:
 
     def _attend_step(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling, window, softcap,
                      sinks) -> tuple[torch.Tensor, None]:
-        """Layer ``i``'s attention in ``step``: every sequence's query ([B, H, 1, D]) over its own slot of the
-        padded keys and values the cache handed the model (``k``/``v`` [B, H_kv, N, D]), in one batched
-        product (``decode_attention``, the kernel a lone sequence decodes with on CPU)."""
+        """Layer ``i``'s attention in ``step``: each sequence's query (``q`` [rows, H, 1, D]) over its own
+        entries of the keys and values the cache handed the model (``k``/``v`` [n, H_kv, N, D], padded to
+        whole blocks), in one ``batch_decode_attention`` whose sums run block by block from key 0, so an
+        answer's numbers are the same in any batch. Padding rows get zeros."""
         call, s = self._call, self.shape
         scaling = self.scaling if scaling is None else scaling
-        lengths = call.starts[:, i] + 1
-        lo = 0 if window is None else max(0, int(lengths.min()) - window)   # keys no query's window reaches
-        out = decode_attention(q[:, :, -1], k[:, :, lo:], v[:, :, lo:], lengths - lo, scaling, window=window,
-                               softcap=softcap, sinks=sinks)
+        end = call.starts[:, i] + 1
+        first = (end - window).clamp(min=0) if window is not None else torch.zeros_like(end)   # a sliding window
+        skip = int(first.min()) // DECODE_BLOCK * DECODE_BLOCK              # whole blocks nobody reaches
+        out = q.new_zeros(q.shape[0], 1, q.shape[1], q.shape[3])
+        out[:call.n, 0] = batch_decode_attention(q[:call.n, :, -1], k[:, :, skip:], v[:, :, skip:], first - skip,
+                                                 end - skip, scaling, softcap=softcap, sinks=sinks)
         for start in call.starts[:, i].tolist():
             self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, 1, window))
-        return out[:, None], None
+        return out, None
 
     def _arrange(self, arrange, i: int, q: torch.Tensor, lc: LayerCache, start: int):
         """Let the policy replace layer ``i``'s entries before the block (the block's own entries are set
@@ -680,8 +693,8 @@ class Engine:
         value into b's slot; returns the next-token logits ``[B, vocab]`` (float32). No eviction policy runs.
 
         The weights are read once for the whole batch, which is why a step of eight costs little more than
-        a step of one. The attention is the kernel a lone sequence decodes with on CPU, batched over the
-        slots; the matrix products may round a row differently in the last bit than they do alone.
+        a step of one. A sequence gets the same numbers in any batch, alone included: the products run on
+        at least ``STEP_ROWS`` rows and each attention over exactly its own entries (``_attend_step``).
         Generated ids are in the vocabulary: no image rows are needed here."""
         n = len(tokens)
         if not 0 < n <= batch.size:
@@ -692,22 +705,25 @@ class Engine:
         ids = torch.tensor(list(tokens), device=self.device)
         if int(ids.max()) >= self.vocab or int(ids.min()) < 0:
             raise ValueError("step takes generated token ids, which are in the vocabulary")
+        rows = max(n, STEP_ROWS)
         batch.reserve(n, int(starts.max()) + 1)
-        x = self.embed(ids[:, None])
+        x = self.embed(torch.cat([ids, ids[:1].expand(rows - n)])[:, None])
         if self.embedding_multiplier is not None:
             x = x * self.embedding_multiplier
         spans = (starts.max(1).values + 1).tolist()
-        call = _StepCall(batch, starts, spans)
+        call = _StepCall(batch, n, starts, spans)
         with self._driving(call):
             for i, layer in enumerate(self.layers):
-                at = starts[:, i]
+                at = torch.cat([starts[:, i], starts[:1, i].expand(rows - n)])     # padding: the first's
                 out = layer(x, attention_mask=None, position_ids=at.to(self.device)[:, None], use_cache=True,
-                            position_embeddings=self._step_tables(i, at.tolist(), spans, x),
+                            position_embeddings=self._step_tables(i, at.tolist(), spans + spans[:1] * (rows - n), x),
                             **{self._cache_arg: self._adapter})
                 x = out[0] if isinstance(out, tuple) else out
                 self.flops.add("linear", self.layer_flops[i] * n)
         batch.lengths[:n] += 1
-        return self.logits(x[:, -1])
+        logits = self.logits(x[:, -1])[:n]
+        self.flops.add("lm_head", -self._head_flops * (rows - n))         # padding rows are not the model's work
+        return logits
 
     def _step_tables(self, i: int, starts: list[int], spans: list[int], like: torch.Tensor):
         """Layer ``i``'s cos/sin for one token per sequence at ``starts`` ([B, 1, rot_dim] each)."""

@@ -3,9 +3,11 @@
 ``Answering`` is the generate half of REFORM's recompute (§3.3): the method's prompt (gathered tokens +
 question, or a question on a compressed cache) is prefilled when it is made; then each call to ``take``
 chooses one token from the current logits, applies the stop rules and streams the new text. The next
-logits come either from the sequence alone (``advance``) or, for many answers at once, from one decoding
-step of a ``DecodeBatch`` (``answer_together``): the model's weights are read once per step for every
-answer in it, and an answer joins at the next step and leaves the moment it ends.
+logits come from a decoding step of a ``DecodeBatch`` (``Together``; ``answer_together`` for many answers
+at once): the model's weights are read once per step for every answer in it, and an answer joins at the
+next step and leaves the moment it ends. An answer asked alone decodes in a batch of one, so it is the
+same answer in any batch (``Engine.step``). Only answers whose cache a generation policy re-selects at
+every token (ReAttention) or that run past the model's window decode on their own (``advance``).
 """
 
 from __future__ import annotations
@@ -121,9 +123,18 @@ class Answering:
         self.logits = engine.logits(hidden[-1:])[0]
 
     def run(self) -> "Answer":
-        """Generate the rest alone and return the ``Answer``."""
-        while not self.take():
-            self.advance()
+        """Generate the rest alone and return the ``Answer``: through a decoding batch of one, unless it
+        must run ``alone``, so that its tokens are those it gets in any batch."""
+        if self.alone:
+            while not self.take():
+                self.advance()
+        else:
+            together = Together(self.ctx.pipeline.engine, 1)
+            if not together.add(self):
+                while together:
+                    together.step()
+            if self.error is not None:
+                raise self.error
         return self.answer()
 
     def _show(self, visible: str) -> None:

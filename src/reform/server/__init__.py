@@ -13,7 +13,8 @@ __all__ = ["Settings", "Worker", "build_app", "create_app"]
 
 def build_app(pipe, store_dir, *, store_max_bytes: int | None = None, queue_size: int = 16,
               memory_contexts: int = 4, max_batch: int | None = None, settings: Settings | None = None):
-    """The FastAPI app serving ``pipe`` with saved contexts in ``store_dir`` (run it with uvicorn);
+    """The FastAPI app serving ``pipe`` (a ``Pipeline``, or a function that loads one on the model thread:
+    ``Worker``) with saved contexts in ``store_dir`` (run it with uvicorn);
     ``max_batch``: answers decoding at once (default: by free memory, ``worker.default_max_batch``)."""
     store = ContextStore(store_dir, store_max_bytes)
     store.remove_stale_temporaries()

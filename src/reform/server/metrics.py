@@ -23,6 +23,8 @@ class WorkerCollector:
                                 value=len(w.together))
         yield GaugeMetricFamily("reform_max_batch", "answers that may decode together", value=w.max_batch)
         yield CounterMetricFamily("reform_decode_steps", "decoding steps run for the batch", value=w.steps)
+        yield CounterMetricFamily("reform_decode_step_seconds", "seconds the decoding steps took",
+                                  value=w.step_seconds)
         yield GaugeMetricFamily("reform_busy", "1 while the model thread runs a job or decodes answers", value=int(w.busy()))
         yield GaugeMetricFamily("reform_expected_wait_seconds", "expected wait of a job queued now",
                                 value=w.expected_wait())

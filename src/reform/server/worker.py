@@ -12,6 +12,12 @@ queued questions whose context is already in memory or in the store (jobs submit
 decodes the batch for about as long as the chunk took, then goes on with the encode. A long upload delays
 such a question by about one chunk, not by the whole encode, and answers halve its pace, never stop it.
 
+One thread runs the model, from its load on: the worker takes a function that loads the pipeline and
+calls it on its own thread. PyTorch's CPU kernels run on an OpenMP team owned by the thread that calls
+them; a second thread with a team of its own (the model loaded on the main thread, say) slowed every
+decoding step of both twofold on a 2-core CPU (8 answers: 188 against 85 ms), as each team's waiting
+threads then sleep between kernels instead of spinning.
+
 A context is named by its content key (``Pipeline.context_key``); the worker finds it in memory (a few
 recently used ones), else in the store (a saved file: no encode), else encodes it once and saves it.
 """
@@ -27,6 +33,8 @@ import uuid
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
+
+import torch
 
 from ..methods.answering import Answering, Together
 from ..store import ContextFileError, ContextStore
@@ -164,12 +172,13 @@ class Worker:
 
     def __init__(self, pipe, store: ContextStore, *, queue_size: int = 16, memory_contexts: int = 4,
                  max_batch: int | None = None):
-        self.pipe, self.store = pipe, store
+        """``pipe``: a ``Pipeline``, or a function that loads one, called on the model thread (see the
+        module docstring; its exceptions are raised here)."""
+        self.store = store
         self.queue_size = queue_size
-        self.max_batch = max_batch or default_max_batch(pipe)
-        self.together = Together(pipe.engine, self.max_batch)     # the answers decoding now
         self.decoding: dict[int, tuple[Job, Underway]] = {}       # id(answering) -> its job
         self.steps = 0                                            # decoding steps run (for /metrics)
+        self.step_seconds = 0.0                                   # and the time they took
         self.answers_decoded = 0
         self.pending: deque[Job | None] = deque()                # None: stop once the jobs before it ran
         self.arrived = threading.Condition()                     # guards ``pending``
@@ -187,8 +196,27 @@ class Worker:
         # who writes this process's status notes: a restarted server knows its predecessor's notes as dead
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_started(os.getpid()),
                       "instance": uuid.uuid4().hex}
-        self.thread = threading.Thread(target=self._run, name="reform-model", daemon=True)
+        loaded, self.pipe = threading.Event(), None
+        threads = torch.get_num_threads()       # the model thread's kernels use the caller's thread count
+
+        def own_the_model():
+            torch.set_num_threads(threads)
+            try:
+                self.pipe = pipe() if callable(pipe) else pipe
+                self.max_batch = max_batch or default_max_batch(self.pipe)
+                self.together = Together(self.pipe.engine, self.max_batch)     # the answers decoding now
+            except BaseException as e:
+                self.pipe = e
+                return
+            finally:
+                loaded.set()
+            self._run()
+        self.thread = threading.Thread(target=own_the_model, name="reform-model", daemon=True)
         self.thread.start()
+        loaded.wait()
+        if isinstance(self.pipe, BaseException):
+            failure, self.pipe = self.pipe, None
+            raise failure
 
     # ------------------------------------------------------------------ queue
     def submit(self, fn: Callable[[Job], Any], *, stream: bool = False, key: str | None = None,
@@ -286,12 +314,15 @@ class Worker:
         if not self.together:
             return
         self.steps += 1
+        began = time.perf_counter()
         try:
             ended = self.together.step()
         except BaseException as e:      # the step itself failed: each answer in it fails, the thread lives on
             for answering in list(self.together.members):
                 self._leave(answering, e)
             return
+        finally:
+            self.step_seconds += time.perf_counter() - began
         for answering in ended:
             job, underway = self.decoding.pop(id(answering))
             if answering.error is not None:

@@ -41,8 +41,10 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def ids_sha256(ids: torch.Tensor) -> str:
-    """The token ids' digest, independent of their dtype and device (int32 little-endian bytes)."""
-    return hashlib.sha256(ids.detach().to("cpu", torch.int32).contiguous().numpy().tobytes()).hexdigest()
+    """The token ids' digest, independent of their dtype and device (int32 little-endian bytes). The
+    conversion is numpy's: a server computes keys off its model thread, where a parallel torch op would
+    start a second OpenMP team (``server/worker.py``, "one thread runs the model")."""
+    return hashlib.sha256(ids.detach().cpu().numpy().astype("<i4").tobytes()).hexdigest()
 
 
 def _own_storage(t: torch.Tensor) -> torch.Tensor:
