@@ -14,6 +14,10 @@ docs/gpu.md.
     PYTHONPATH=src python3 scripts/gpu_check.py segments --out $OUT/segments
         REFORM's segment-parallel encode of one 131k-token input with S = 1, 2, 4, 8 workers of one thread
         each (a SmolLM2-shaped random-weight model): wall time and speed-up over one worker.
+    PYTHONPATH=src python3 scripts/gpu_check.py serve --out $OUT/serve
+        users asking at once on one encoded context (continuous batching, as `reform serve`'s worker runs
+        it): a random-weight model of Mistral-NeMo-12B's shape, a 32k-token context, 1 to 32 users with
+        64 and 256 new tokens: answers and tokens per second against the same questions one at a time.
     python scripts/gpu_check.py smoke --out /tmp/gpu-smoke
         every mode above at toy scale on the CPU in well under a minute (CI runs it, so the prepared
         commands cannot rot between the rare runs on a GPU).
@@ -472,25 +476,88 @@ def segments(out: Path, shape_name: str, length: int, counts: list[int], budget_
     return res
 
 
+def serve(out: Path, device: str, shape_name: str, length: int, users: list[int], max_tokens: list[int],
+          budget_s: float) -> Results:
+    """Users asking at once on one context encoded by REFORM (the paper's settings for the shape): for each
+    ``max_tokens``, the questions one at a time (``Context.ask``), then each count of ``users`` at once
+    (``Context.ask_many``, the decoding loop of ``reform serve``'s worker without its HTTP layer). Per row:
+    tokens per second, the speed-up over one at a time, p50 / p95 latency (to each answer's last text) and
+    how many answers equal their one-at-a-time answer. A row whose estimate no longer fits ``budget_s`` is
+    skipped with a note."""
+    from reform.model import pick_dtype
+    from reform.pipeline import Pipeline
+    started = time.perf_counter()
+    need_cuda(device, 40 if shape_name == "mistral-nemo-12b" else 0)
+    shape, dtype = SHAPES[shape_name], pick_dtype(torch.device(device))
+    res = Results(out, "serve", {"shape": shape_name, "context_tokens": length, "dtype": str(dtype),
+                                 "machine": machine(device)})
+    model = build_model(shape, device, dtype)
+    options = dict(chunk_size=shape.chunk, cache_budget=shape.chunk, recompute_budget=shape.recompute)
+    if shape.reform_heads:
+        options["heads"] = ",".join(shape.reform_heads)
+    pipe = Pipeline(model, byte_tokenizer(), model_name=f"random {shape_name}", use_chat_template=False, **options)
+    ctx = pipe.encode_tokens(torch.randint(3, 259, (length,), generator=torch.Generator().manual_seed(0)).to(device))
+    res.note(f"context encoded in {ctx.encode_seconds:.1f} s")
+    questions = [f"Question {i}: what does the text say about item {i}?" for i in range(max(users))]
+    for n in max_tokens:
+        t = time.perf_counter()
+        alone = [ctx.ask(q, max_new_tokens=n) for q in questions[:1]]
+        each = time.perf_counter() - t
+        if each * (len(questions) - 1) > budget_s - (time.perf_counter() - started):
+            res.note(f"skipped max_tokens {n}: one at a time would take about {each * len(questions):.0f} s")
+            continue
+        t = time.perf_counter()
+        alone += [ctx.ask(q, max_new_tokens=n) for q in questions[1:]]
+        alone_s = each + time.perf_counter() - t
+        for u in users:
+            if (left := budget_s - (time.perf_counter() - started)) < alone_s * u / len(questions):
+                res.note(f"skipped {u} users at {n} tokens: {left:.0f} s left of the budget")
+                continue
+            finished: dict[int, float] = {}
+            asked = [{"question": q, "max_new_tokens": n,
+                      "on_text": lambda _, i=i: finished.__setitem__(i, time.perf_counter())}
+                     for i, q in enumerate(questions[:u])]
+            t = time.perf_counter()
+            answers = ctx.ask_many(asked, max_batch=u)
+            wall = time.perf_counter() - t
+            latency = sorted(finished.get(i, t + wall) - t for i in range(u))
+            tokens, one = sum(len(a.tokens) for a in answers), alone[:u]
+            one_s = alone_s * u / len(questions)
+            res.add({"max_tokens": n, "users": u, "wall_s": round(wall, 2), "tokens": tokens,
+                     "tokens_per_s": round(tokens / wall, 1),
+                     "one_at_a_time_tokens_per_s": round(sum(len(a.tokens) for a in one) / one_s, 1),
+                     "speedup": round((tokens / wall) / (sum(len(a.tokens) for a in one) / one_s), 2),
+                     "p50_s": round(latency[len(latency) // 2], 2), "p95_s": round(latency[int(0.95 * (u - 1))], 2),
+                     "equal_answers": f"{sum(a.tokens == b.tokens for a, b in zip(answers, one))}/{u}"})
+    res.write(markdown(res.rows, [("max_tokens", "max_tokens"), ("users", "users"), ("tokens/s", "tokens_per_s"),
+                                  ("one at a time", "one_at_a_time_tokens_per_s"), ("speed-up", "speedup"),
+                                  ("p50 s", "p50_s"), ("p95 s", "p95_s"), ("equal answers", "equal_answers")]))
+    return res
+
+
 # -------------------------------------------------------------------------------------------- main
 def smoke(out: Path) -> None:
     """Every mode's code path at toy scale on the CPU."""
     paper(out, "cpu", "toy", [4 * K], ["reform", "h2o", "infllm"], budget_s=600, profile=False)
     conformance(out, "cpu", ["llama", "gemma3 (5 local : 1 global)"], ["smollm2"])
     segments(out, "toy-llama", 4 * K, [1, 2], budget_s=300)
+    serve(out, "cpu", "toy", 2 * K, [1, 2], [8], budget_s=300)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["paper", "conformance", "segments", "smoke"])
+    ap.add_argument("mode", choices=["paper", "conformance", "segments", "serve", "smoke"])
     ap.add_argument("--out", type=Path, required=True, help="results folder (JSON and markdown per mode)")
     ap.add_argument("--shape", default=None, help=f"paper / segments: one of {', '.join(SHAPES)}")
     ap.add_argument("--lengths", default="256k,1M", help="paper: input lengths in tokens (default 256k,1M)")
     ap.add_argument("--methods", default="reform,h2o,infllm", help="paper: methods (default reform,h2o,infllm)")
     ap.add_argument("--budget", type=float, default=420,
-                    help="paper, segments: seconds to stay within, rows that would not fit skipped (default 420)")
+                    help="paper, segments, serve: seconds to stay within, rows that would not fit skipped "
+                         "(default 420)")
     ap.add_argument("--length", type=int, default=128 * K, help="segments: input tokens (default 131072)")
     ap.add_argument("--segments", default="1,2,4,8", help="segments: worker counts (default 1,2,4,8)")
+    ap.add_argument("--users", default="1,4,8,16,32", help="serve: users asking at once (default 1,4,8,16,32)")
+    ap.add_argument("--max-tokens", default="64,256", help="serve: answer lengths (default 64,256)")
     args = ap.parse_args()
     from reform.eval.specs import parse_length
     try:
@@ -499,6 +566,10 @@ def main() -> int:
                         [parse_length(x) for x in args.lengths.split(",")], args.methods.split(","), args.budget)
         elif args.mode == "conformance":
             res = conformance(args.out, "cuda", None, list(REAL_MODELS))
+        elif args.mode == "serve":
+            res = serve(args.out, "cuda", args.shape or "mistral-nemo-12b", 32 * K,
+                        [int(x) for x in args.users.split(",")], [int(x) for x in args.max_tokens.split(",")],
+                        args.budget)
         elif args.mode == "segments":
             res = segments(args.out, args.shape or "smollm2-135m", args.length,
                            [int(x) for x in args.segments.split(",")], args.budget)

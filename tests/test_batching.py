@@ -2,6 +2,8 @@
 in a batch equals the same answer alone, token for token, whatever the method, the prompt lengths, the stop
 rules or the sampling seed; an answer that leaves frees its slot for the next."""
 
+import json
+
 import pytest
 import torch
 
@@ -126,3 +128,24 @@ def test_ask_many_refuses_bad_input_in_one_line():
         ctx.ask_many([{"max_new_tokens": 3}])
     with pytest.raises(ValueError, match="empty"):
         ctx.ask_many(["fine", " "])
+
+
+def test_the_eval_answers_a_contexts_questions_together_with_the_same_predictions(tmp_path):
+    """``run_eval(batch=N)`` (``reform eval ... --batch N``): the questions of one context decode together and
+    every record's prediction equals the one-at-a-time run's; a row refused alone is refused in a batch."""
+    from reform.eval.runner import run_eval
+    from reform.eval.tasks import make_rows
+    from reform.model import LoadedModel
+    rows = make_rows("shared", CharTokenizer(), [2500], 1, seed=2)[:6]
+    for i, r in enumerate(rows):
+        r.max_new_tokens = 3 + i
+    rows[4].max_new_tokens = 10_000                      # past the window: refused, the others go on
+    loaded = LoadedModel(tiny(), CharTokenizer(), "tiny")
+    predictions = []
+    for batch, out in ((1, tmp_path / "one"), (4, tmp_path / "four")):
+        run_eval(rows, methods=["truncate:recompute_budget=200"], out_dir=out, model_name="tiny",
+                 loader=lambda: loaded, plots=False, batch=batch)
+        records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        predictions.append([(r["status"], r.get("prediction"), r.get("reason")) for r in records])
+    assert predictions[0] == predictions[1]
+    assert [p[0] for p in predictions[0]] == ["ok"] * 4 + ["error", "ok"]

@@ -58,9 +58,14 @@ def test_smoke_runs_every_mode_and_writes_its_tables(tmp_path):
     assert set(by_s) == {1, 2} and by_s[1]["speedup"] == 1.0
     assert by_s[2]["speedup"] == pytest.approx(by_s[1]["wall_s"] / by_s[2]["wall_s"], abs=0.01)
 
+    serve = json.loads((tmp_path / "serve.json").read_text())
+    assert [(row["users"], row["max_tokens"]) for row in serve["rows"]] == [(1, 8), (2, 8)]
+    assert all(row["equal_answers"] == f"{row['users']}/{row['users']}" and row["tokens_per_s"] > 0
+               for row in serve["rows"])
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-@pytest.mark.parametrize("mode", ["paper", "conformance"])
+@pytest.mark.parametrize("mode", ["paper", "conformance", "serve"])
 def test_a_gpu_mode_without_a_gpu_says_why_in_one_line(mode, tmp_path):
     r = run(mode, "--out", str(tmp_path), timeout=120)
     assert r.returncode == 2

@@ -27,6 +27,9 @@ ExplainOpt = typer.Option(False, "--explain", help="explain each retrieval miss 
                           "its gather score and rank, the question tokens and heads that score it, what outranks "
                           "it; written to explain.md")
 
+BatchOpt = typer.Option(1, "--batch", min=1, help="questions on one context decoded together, up to N at a time "
+                        "(the same answers; per-question generate times then overlap)")
+
 SUITES_HELP = {
     "niah": "Needle in a haystack at several depths and lengths (REFORM §4.1; heat map per method).",
     "ruler": "RULER-style synthetic tasks: needles, multi-key/value/query, variable tracking, word extraction.",
@@ -122,7 +125,7 @@ def load(model: str | None, device: str | None, dtype: str | None):
 
 
 def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, meta: dict, max_rows: int | None,
-             force: bool, fresh: bool, explain: bool = False):
+             force: bool, fresh: bool, explain: bool = False, batch: int = 1):
     """Check the methods and the output folder, load the model, build the rows (``rows_for(tokenizer)``),
     run them, then print the results table and where everything was written."""
     from ..engine.core import UnsupportedModelError
@@ -139,7 +142,7 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
                            model=loaded.model, tokenizer=loaded.tokenizer, processor=loaded.processor,
                            model_name=loaded.name, progress=err.is_terminal,
                            console=err, resume=not fresh, force_over_window=force,
-                           meta={**meta, "max_rows": max_rows}, explain=explain)
+                           meta={**meta, "max_rows": max_rows}, explain=explain, batch=batch)
     show(out_dir / RESULTS, metrics)
 
 
@@ -163,7 +166,7 @@ def suite_command(suite: str):
                 haystack: Optional[Path] = typer.Option(None, "--haystack", help="folder of .txt files to use as "
                                                         "the natural-text haystack"),
                 out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-                force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+                force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
                 model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
         from ..eval.specs import parse_lengths
         try:
@@ -181,7 +184,7 @@ def suite_command(suite: str):
             meta = {"suite": suite, "tasks": task_list, "lengths": length_list, "samples": samples, "seed": seed,
                     "depths": depth_list, "haystack": str(haystack) if haystack else None}
             evaluate(methods, out_dir or Path(f"runs/eval-{suite}"), model, device, dtype, rows_for=rows_for,
-                     meta=meta, max_rows=max_rows, force=force, fresh=fresh, explain=explain)
+                     meta=meta, max_rows=max_rows, force=force, fresh=fresh, explain=explain, batch=batch)
         except CliError as e:
             fail(e)
 
@@ -200,7 +203,7 @@ def docs(methods: str = MethodsOpt,
          root: Optional[Path] = typer.Option(None, "--root", help="a folder holding a copy of the documents' "
                                              "Debian paths (default: the installed packages)"),
          out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-         fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+         fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
          model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Real documents from Debian's documentation packages with 48 hand-written questions; gold recall checks
     each question's evidence span (docs/evaluation.md)."""
@@ -217,7 +220,7 @@ def docs(methods: str = MethodsOpt,
                 return make_docs_rows(tokenizer, chosen, root)
         evaluate(methods, out_dir or Path("runs/eval-docs"), model, device, dtype, rows_for=rows_for,
                  meta={"suite": "docs", "documents": chosen, "root": str(root) if root else None},
-                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain, batch=batch)
     except CliError as e:
         fail(e)
 
@@ -236,7 +239,7 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
           images_root: Optional[Path] = typer.Option(None, "--images-root", help="MM-NIAH rows: the folder their "
                                                      "image paths are relative to (default: FILE's folder)"),
           out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-          force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+          force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
           model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Run every row of FILE (each line validated first) through the methods: our rows, RULER's or MM-NIAH's."""
     from ..eval.jsonl import read_rows
@@ -246,7 +249,7 @@ def jsonl(file: Path = typer.Argument(..., help="JSONL rows: our row format (con
                              images_root=images_root)
         evaluate(methods, out_dir or Path(f"runs/eval-{file.stem}"), model, device, dtype, rows_for=lambda _: rows,
                  meta={"suite": "jsonl", "source": str(file)}, max_rows=max_rows, force=force, fresh=fresh,
-                 explain=explain)
+                 explain=explain, batch=batch)
     except CliError as e:
         fail(e)
 
@@ -265,7 +268,7 @@ def infinitebench(data_dir: Path = typer.Argument(..., help="the folder of ∞-B
                                                        "tokens each context has (128k, 1M, ...)"),
                   seed: int = typer.Option(0, "--seed", help="with --generate"),
                   out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-                  fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+                  fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
                   model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """∞-Bench from its official files, prompts, generation lengths and scorers (REFORM Table 3); --generate
     writes its synthetic tasks at any length (docs/evaluation.md)."""
@@ -290,7 +293,7 @@ def infinitebench(data_dir: Path = typer.Argument(..., help="the folder of ∞-B
                 return ib.load_rows(data_dir, tokenizer, chosen, samples)
         evaluate(methods, out_dir or Path("runs/eval-infinitebench"), model, device, dtype, rows_for=rows_for,
                  meta={"suite": "infinitebench", "source": str(data_dir), "tasks": chosen, "samples": samples},
-                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain, batch=batch)
     except CliError as e:
         fail(e)
 
@@ -310,7 +313,7 @@ def repoeval(file: Optional[Path] = typer.Argument(None, help="an official RepoE
              length: Optional[str] = typer.Option(None, "--length", help="cap each repository context at about "
                                                   "this many tokens, the files nearest the target kept (32k, 128k)"),
              out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-             fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+             fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
              model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """RepoEval code completion (REFORM Table 4) from its official files and repositories, or built from a local
     repository; ES and EM as RepoCoder's compute_score.py (docs/evaluation.md)."""
@@ -338,7 +341,7 @@ def repoeval(file: Optional[Path] = typer.Argument(None, help="an official RepoE
         source = str(file) if file is not None else f"{from_repo} ({level} level, seed {seed})"
         evaluate(methods, out_dir or Path("runs/eval-repoeval"), model, device, dtype, rows_for=rows_for,
                  meta={"suite": "repoeval", "source": source, "samples": samples, "length": max_length},
-                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain, batch=batch)
     except CliError as e:
         fail(e)
 
@@ -353,7 +356,7 @@ def longbench(data: Path = typer.Argument(..., help="LongBench v1: the folder of
                                                     "(default: all)"),
               extended: bool = typer.Option(False, "--e", help="v1: LongBench-E (the DATASET_e.jsonl files)"),
               out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
-              fresh: bool = FreshOpt, explain: bool = ExplainOpt,
+              fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
               model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """LongBench v1 and v2 from their official files, prompts, generation lengths and metrics
     (docs/evaluation.md)."""
@@ -371,7 +374,7 @@ def longbench(data: Path = typer.Argument(..., help="LongBench v1: the folder of
         evaluate(methods, out_dir or Path("runs/eval-longbench"), model, device, dtype, rows_for=rows_for,
                  meta={"suite": "longbench", "source": str(data), "datasets": chosen, "samples": samples,
                        "extended": extended},
-                 max_rows=max_rows, force=False, fresh=fresh, explain=explain)
+                 max_rows=max_rows, force=False, fresh=fresh, explain=explain, batch=batch)
     except CliError as e:
         fail(e)
 

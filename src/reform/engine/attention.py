@@ -102,14 +102,24 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, *,
                      window: int | None = None, softcap: float | None = None,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """One new query per head (decoding): ``q`` [1, H, D] at the last position of ``k``/``v`` [1, H_kv, N, D].
+    """One new query per head (decoding alone, ``Engine.forward`` with one token on CPU): ``q`` [1, H, D] at
+    the last position of ``k``/``v`` [1, H_kv, N, D]; [1, H, D].
 
     Two matmuls with the query heads of one KV group as the rows (K/V never repeated per head), the softmax
-    accumulated in fp32: the precision of transformers' eager attention and of the blocked path. On CPU this
-    is the decoding kernel, alone and in a batch (``Engine.step``): in bf16 the fused kernel took 0.58 ms
-    per layer for one query over 1,000 keys, these matmuls 0.12 ms (2-core Zen 4). ``window``, ``softcap``
-    and ``sinks`` as in ``causal_attention``."""
-    return decode_mix(decode_logits(q, k, scaling, softcap), v, window=window, sinks=sinks)
+    accumulated in fp32: the precision of transformers' eager attention and of the blocked path. In bf16
+    the fused kernel took 0.58 ms per layer for one query over 1,000 keys, these matmuls 0.12 ms (2-core
+    Zen 4). ``window``, ``softcap`` and ``sinks`` as in ``causal_attention``."""
+    logits = decode_logits(q, k, scaling, softcap)
+    b, h_kv, rep, n = logits.shape
+    if window is not None and n > window:                                     # keys left of the window
+        logits = logits.clone()
+        logits[..., :n - window] = float("-inf")
+    if sinks is None:
+        probs = torch.softmax(logits, -1)
+    else:
+        probs = _softmax(logits.float().reshape(b, h_kv * rep, n), sinks[None].expand(b, h_kv * rep))
+        probs = probs.to(v.dtype).view(b, h_kv, rep, n)
+    return torch.matmul(probs, v).reshape(b, h_kv * rep, v.shape[-1])
 
 
 DECODE_BLOCK = 256     # keys per block of ``batch_decode_attention``'s sums
@@ -139,18 +149,21 @@ def batch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fi
         sink = sinks.float().view(1, h_kv, rep, 1)
         top = torch.maximum(top, sink)
     weights = torch.exp(logits - top).contiguous()                                    # [B, H_kv, rep, N]
-    per_block = weights.view(b, h_kv, rep, blocks, DECODE_BLOCK).sum(-1)
-    total = per_block[..., 0]
-    for j in range(1, blocks):
-        total = total + per_block[..., j]
+    total = _sum_in_order(weights.view(b, h_kv, rep, blocks, DECODE_BLOCK).sum(-1).movedim(-1, 0))
     if sinks is not None:
         total = total + torch.exp(sink - top)[..., 0]
     probs = (weights / total[..., None]).to(v.dtype).view(b, h_kv, rep, blocks, DECODE_BLOCK).transpose(2, 3)
     mixed = torch.matmul(probs, v.reshape(b, h_kv, blocks, DECODE_BLOCK, v.shape[-1]))   # [B, H_kv, blocks, rep, D]
-    out = mixed[:, :, 0].float()
-    for j in range(1, blocks):
-        out = out + mixed[:, :, j].float()
-    return out.to(v.dtype).reshape(b, h, v.shape[-1])
+    return _sum_in_order(mixed.float().movedim(2, 0)).to(v.dtype).reshape(b, h, v.shape[-1])
+
+
+def _sum_in_order(parts: torch.Tensor) -> torch.Tensor:
+    """``parts.sum(0)`` added strictly in order, ``parts[0] + parts[1] + ...``: parts that are exact zeros
+    then change nothing, wherever they are (a reduction kernel may group the parts differently by count)."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def decode_logits(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
@@ -166,23 +179,6 @@ def decode_logits(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: flo
     if softcap is not None:
         logits = torch.tanh(logits * (scaling / softcap)) * softcap
     return logits
-
-
-def decode_mix(logits: torch.Tensor, v: torch.Tensor, *, window: int | None = None,
-               sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The rest of ``decode_attention`` for sequences of one length: softmax over the keys of ``logits``
-    [B, H_kv, rep, N] (within the last ``window``), then the mix of ``v`` [B, H_kv, N, D]; [B, H, D]. Its
-    sums run over N, so ``Engine.step`` calls it per sequence, over exactly that sequence's keys."""
-    b, h_kv, rep, n = logits.shape
-    if window is not None and n > window:                                     # keys left of the window
-        logits = logits.clone()
-        logits[..., :n - window] = float("-inf")
-    if sinks is None:
-        probs = torch.softmax(logits, -1)
-    else:
-        probs = _softmax(logits.float().reshape(b, h_kv * rep, n), sinks[None].expand(b, h_kv * rep))
-        probs = probs.to(v.dtype).view(b, h_kv, rep, n)
-    return torch.matmul(probs, v).reshape(b, h_kv * rep, v.shape[-1])
 
 
 def attention_and_received(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scaling: float,

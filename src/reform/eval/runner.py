@@ -57,12 +57,14 @@ def encode(pipe, text, force_over_window: bool, progress: "RowProgress", checkpo
 
 def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowProgress | None" = None,
                  first_question: str | None = None, explain: bool = False,
-                 checkpoint: Path | None = None) -> Iterator[tuple[Row, str, dict]]:
+                 checkpoint: Path | None = None, batch: int = 1) -> Iterator[tuple[Row, str, dict]]:
     """Encode the rows' shared context once and ask every row's question: yields (row, status, record
     fields). ``first_question``: encode the context with it appended (query-aware compression);
     ``checkpoint``: as ``encode``'s.
     ``explain``: a row whose gold strings were not all gathered gets the gather's view of them
-    (``reform.eval.explain``) under ``explain``, for methods that gather by score."""
+    (``reform.eval.explain``) under ``explain``, for methods that gather by score. ``batch`` > 1: the
+    questions decode together, up to ``batch`` at a time (``Context.ask_many``: the same answers; each
+    question's generate time then includes the steps it shared)."""
     from ..notes import PastWindowWarning
     text = rows[0].content()
     if first_question:
@@ -77,12 +79,12 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
         yield from ((row, "error", {"reason": str(e)}) for row in rows)
         return
     context_text = None        # decoded once per context, for the gold recall of all its questions
-    for row in rows:
-        try:
-            ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens,
-                          layout=row.layout)
-        except ValueError as e:
-            yield row, "error", {"reason": str(e)}
+    asked = [{"question": row.question, "answer_prefix": row.answer_prefix, "max_new_tokens": row.max_new_tokens,
+              "layout": row.layout} for row in rows]
+    answers = ctx.ask_many(asked, max_batch=batch, refusals=True) if batch > 1 else map(lambda a: ask(ctx, a), asked)
+    for row, ans in zip(rows, answers):
+        if isinstance(ans, ValueError):
+            yield row, "error", {"reason": str(ans)}
             continue
         text_ids = ctx.ids if ctx.image_rows is None else image_ids_as_marks(pipe, ctx.ids)
         if ans.kept is not None and context_text is None:
@@ -105,6 +107,14 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
             part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
             record["explain"] = explain_miss(ctx, part, evidence(row), ans.kept)
         yield row, "ok", record
+
+
+def ask(ctx, asked: dict):
+    """``ctx.ask(**asked)``, a refusal (``ValueError``) returned instead of raised."""
+    try:
+        return ctx.ask(**asked)
+    except ValueError as e:
+        return e
 
 
 def image_ids_as_marks(pipe, ids):
@@ -225,14 +235,15 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
              tokenizer=None, processor=None, loader: Callable | None = None, scorer: Callable[[Row, str], float] | None = None,
              progress: bool = False, console=None, resume: bool = True, force_over_window: bool = False,
              use_chat_template: bool = True, meta: dict | None = None, plots: bool = True,
-             explain: bool = False) -> dict:
+             explain: bool = False, batch: int = 1) -> dict:
     """Answer ``rows`` with every method and write the results to ``out_dir``; returns the metrics.
 
     ``methods``: names, ``"name:option=value"`` strings, ``(name, options)`` tuples or dicts. Give a loaded
     ``model`` + ``tokenizer``, or a ``loader()`` returning an object with ``.model`` and ``.tokenizer``
     (called only if some row is left to run). ``scorer(row, prediction)`` -> score in [0, 1].
     ``meta`` (suite, lengths, samples, seed, ...) goes into ``config.json``. ``explain``: each retrieval
-    miss gets an explanation (``answer_group``), collected in ``explain.md``."""
+    miss gets an explanation (``answer_group``), collected in ``explain.md``. ``batch``: questions on one
+    context decoded together (``answer_group``)."""
     from ..pipeline import Pipeline
 
     specs = method_specs(methods)
@@ -277,7 +288,8 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                     bar.describe(f"{spec.label} · {format_length(group_todo[0].length)}")
                     partial = out / "partial" / f"{hashes[spec.label]}-{group[0].context_key}.partial"
                     answers = answer_group(pipes[spec.label], group_todo, force_over_window, bar,
-                                           group[0].question if spec.query_aware else None, explain, partial)
+                                           group[0].question if spec.query_aware else None, explain, partial,
+                                           batch)
                     for row, status, extra in answers:
                         if status == "ok":
                             extra["score"] = float(scorer(row, extra["prediction"]))

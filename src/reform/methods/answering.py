@@ -171,7 +171,8 @@ class Answering:
 class Together:
     """Answers decoding as one batch: ``add`` one after its prefill (it joins at the next ``step``), ``step``
     gives every answer in the batch its next token and returns those that ended (their slots freed at
-    once; ``error`` set on one whose streamed text failed), ``drop`` removes one whose client left. Answers that must run ``alone`` are not added here."""
+    once; ``error`` set on one whose streamed text failed), ``drop`` removes one whose client left.
+    Answers that must run ``alone`` are not added here."""
 
     def __init__(self, engine, max_size: int):
         self.engine = engine
@@ -220,18 +221,27 @@ class Together:
             self.members[slot] = last
 
 
-def answer_together(starts: Sequence[Callable[[], Answering]], max_batch: int = 8) -> list[Answer]:
+def answer_together(starts: Sequence[Callable[[], Answering]], max_batch: int = 8,
+                    refusals: bool = False) -> list[Answer]:
     """Answer many questions at once: each of ``starts`` makes one ``Answering`` (its gather and prefill);
     the answers decode together, up to ``max_batch`` in a step, a new one joining as soon as one ends.
-    Answers that must run alone run alone. Returns the answers in the order of ``starts``."""
-    results: list[Answer | None] = [None] * len(starts)
+    Answers that must run alone run alone. Returns the answers in the order of ``starts``; with
+    ``refusals``, a question refused at its start (``ValueError``: it does not fit, say) gets the refusal
+    in its place and the others go on."""
+    results: list[Answer | ValueError | None] = [None] * len(starts)
     pending = list(enumerate(starts))
     together: Together | None = None
     index: dict[int, int] = {}                     # id(answering) -> its place in ``starts``
     while pending or together:
         while pending and (together is None or together.room() > 0):
             i, start = pending.pop(0)
-            answering = start()
+            try:
+                answering = start()
+            except ValueError as e:
+                if not refusals:
+                    raise
+                results[i] = e
+                continue
             if answering.alone:
                 results[i] = answering.run()
                 continue

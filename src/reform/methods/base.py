@@ -63,27 +63,19 @@ class Context:
     # contexts with images, built from token ids, or saved before contexts kept it
     source: Source | None = None
 
-    def ask(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
-            on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
-            seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False,
-            layout: str = "question") -> Answer:
-        """Answer ``question`` about this context; ``on_text`` receives the answer as it is generated.
-        ``layout``: ``verbatim`` lays the question and answer prefix after the context exactly as given (a
-        benchmark's own prompt), ``continuation`` also without closing a chat turn (``Templater.question``).
-        Greedy at ``temperature`` 0 (the default); otherwise sampled (``top_p``, ``seed``); the answer
-        ends before the first of the ``stop`` strings. A prompt plus ``max_new_tokens`` past the model's
-        window is refused, unless ``fit_window``: then ``max_new_tokens`` is an upper bound, lowered to the
-        room the window leaves after the prompt (finish reason "length" when that room runs out)."""
-        return self.start(question, answer_prefix=answer_prefix, max_new_tokens=max_new_tokens, on_text=on_text,
-                          temperature=temperature, top_p=top_p, seed=seed, stop=stop, fit_window=fit_window,
-                          layout=layout).run()
+    def ask(self, question: str, **options) -> Answer:
+        """Answer ``question`` about this context (``options``: ``start``'s, ``max_new_tokens``, ``on_text``,
+        the sampling and the layout)."""
+        return self.start(question, **options).run()
 
-    def ask_many(self, questions: Sequence[str | dict], *, max_batch: int = 8, **options) -> list[Answer]:
+    def ask_many(self, questions: Sequence[str | dict], *, max_batch: int = 8, refusals: bool = False,
+                 **options) -> list[Answer]:
         """Answer several questions at once: their gathers and prompts one by one, their tokens decoded
         together, up to ``max_batch`` in one step (``methods/answering.py``). Each question is text, or a
         dict of ``ask``'s arguments (``{"question": ..., "max_new_tokens": ...}``) over ``options`` (the
-        same for all). Greedy answers equal ``ask``'s (fp32: token for token; half precision: within
-        rounding); a method whose generation re-selects its cache (ReAttention) answers one at a time."""
+        same for all). Every answer equals ``ask``'s, token for token (``Engine.step``); a method whose
+        generation re-selects its cache (ReAttention) answers one at a time. ``refusals``: a question
+        refused (``ValueError``) gets the refusal in its place instead of stopping the others."""
         if isinstance(questions, (str, dict)) or not isinstance(questions, Sequence):
             raise TypeError("questions must be a list of questions (text, or dicts of ask's arguments)")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -92,14 +84,22 @@ class Context:
         for one in asked:
             if "question" not in one:
                 raise ValueError("each question given as a dict needs its 'question'")
-        return answer_together([lambda one=one: self.start(**one) for one in asked], max_batch)
+        return answer_together([lambda one=one: self.start(**one) for one in asked], max_batch, refusals)
 
     def start(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
               on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
               seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False,
               layout: str = "question") -> Answering:
         """``ask``'s answer under way: the question checked, gathered and its prompt prefilled; its tokens
-        come one at a time (``Answering``), alone or decoded with others (``methods/answering.py``)."""
+        come one at a time (``Answering``), alone or decoded with others (``methods/answering.py``).
+
+        ``on_text`` receives the answer as it is generated. ``layout``: ``verbatim`` lays the question and
+        answer prefix after the context exactly as given (a benchmark's own prompt), ``continuation`` also
+        without closing a chat turn (``Templater.question``). Greedy at ``temperature`` 0 (the default);
+        otherwise sampled (``top_p``, ``seed``); the answer ends before the first of the ``stop`` strings.
+        A prompt plus ``max_new_tokens`` past the model's window is refused, unless ``fit_window``: then
+        ``max_new_tokens`` is an upper bound, lowered to the room the window leaves after the prompt
+        (finish reason "length" when that room runs out)."""
         for name, value in (("question", question), ("answer_prefix", answer_prefix)):
             if not isinstance(value, str):
                 raise TypeError(f"the {name} must be text (str), got {type(value).__name__}")

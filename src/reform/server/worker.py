@@ -122,16 +122,18 @@ class Underway:
     result: Callable[[Any], Any]
 
 
-def default_max_batch(pipe, share: float = 0.25, most: int = 32) -> int:
-    """How many answers may decode at once: as many whole-window KV caches as fit in ``share`` of the memory
-    free now, between 1 and ``most``."""
+def default_max_batch(pipe, share: float = 0.25, most: int = 32, answer_tokens: int = 512) -> int:
+    """How many answers may decode at once: as many answer caches as fit in ``share`` of the memory free
+    now, between 1 and ``most``. An answer's cache holds its prompt (the method's recompute or cache budget,
+    else the whole window) and ``answer_tokens``."""
     from ..methods.full import available_memory
-    engine, shape = pipe.engine, pipe.engine.shape
-    per_token = sum(2 * shape.n_kv_heads * shape.head_dim for _ in range(shape.n_layers)) * engine.dtype.itemsize
+    engine, shape, config = pipe.engine, pipe.engine.shape, pipe.method.config
+    per_token = shape.n_layers * 2 * shape.n_kv_heads * shape.head_dim * engine.dtype.itemsize
+    prompt = getattr(config, "recompute_budget", None) or getattr(config, "cache_budget", None) or shape.window
     free = available_memory(engine.device)
     if free is None:
         return 8
-    return max(1, min(most, int(free * share) // (per_token * shape.window)))
+    return max(1, min(most, int(free * share) // (per_token * (min(prompt, shape.window) + answer_tokens))))
 
 
 _DECODING = object()    # what ``_decode`` returns for an answer that joined the batch (its job resolves later)
