@@ -271,19 +271,22 @@ def test_full_queue_serves_waiting_requests_in_arrival_order(store):
         server.worker.put(Job(lambda job: release.wait(30), loop, loop.create_future()))  # holds the model
         while server.worker.busy_since is None:
             time.sleep(0.01)
-        client, finished, order = server.client(), [], []
+        client, order = server.client(), []
         question = lambda i: [{"role": "user", "content": f"Question {i}: what is a fox?"}]
+        execute = server.worker._execute
 
-        def ask(i):
-            r = chat(client, question(i), max_tokens=3)
-            order.append(i)
-            return r
+        def started(job):       # the order the model thread takes them up (answers then decode together)
+            if hasattr(job.fn, "__self__"):
+                order.append(int(job.fn.__self__.question.split()[1].rstrip(":")))
+            return execute(job)
+        server.worker._execute = started
+        ask = lambda i: chat(client, question(i), max_tokens=3)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = []
             for i in range(7):            # one takes the queue's place, six wait in line, in this order
                 futures.append(pool.submit(ask, i))
                 deadline = time.time() + 10
-                while server.worker.queued() + len(server.app.state.service.line) < i + 1:
+                while server.worker.queued() + len(server.app.state.service.lines["default"]) < i + 1:
                     assert time.time() < deadline, "request did not arrive"
                     time.sleep(0.01)
             with pytest.raises(openai.APIStatusError) as e:       # the line is full: refused at once

@@ -22,7 +22,10 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                                        "least recently used contexts go first"),
           api_key: Optional[str] = typer.Option(None, "--api-key", envvar="REFORM_API_KEY",
                                                 help="require 'Authorization: Bearer KEY' (or set REFORM_API_KEY)"),
-          queue_size: int = typer.Option(16, "--queue-size", min=1, help="jobs queued for the model"),
+          keys: Optional[str] = typer.Option(None, "--keys", envvar="REFORM_KEYS_FILE",
+                                             help="tenants, each with its own key, contexts and quotas: a .toml or "
+                                             ".json file, or name:key lines (or set REFORM_KEYS_FILE)"),
+          queue_size: int = typer.Option(16, "--queue-size", min=1, help="jobs queued for the model (per tenant)"),
           max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="answers decoded at once "
                                                   "(continuous batching; default: by free memory, at most 32)"),
           max_waiting: int = typer.Option(256, "--max-waiting", min=0, help="requests that wait in line (first "
@@ -67,16 +70,24 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         ContextStore(store)                         # refuse an unusable store before the model loads
         if api_key is not None and not api_key.strip():
             raise CliError("--api-key is empty")
+        from ..server.tenants import KeysFileError, Tenants
+        try:
+            tenants = Tenants.of(api_key, keys)     # a bad keys file is refused before the model loads
+        except KeysFileError as e:
+            raise CliError(str(e)) from None
+        if keys is not None:
+            keys = str(Path(keys).expanduser().resolve())       # Ray replicas read the same file
         check_port_free(host, port)
         load = load.load()
-        settings = Settings(api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+        settings = Settings(api_key=api_key, keys_file=keys, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting)
         options = {"store_max_bytes": None if store_max_gb is None else int(store_max_gb * 2**30),
                    "queue_size": queue_size, "memory_contexts": memory_contexts, "max_batch": max_batch}
         if ray:
             check_load_options(load)
-            return serve_on_ray(load, store, options, settings, host, port, address, replicas, threads_per_replica)
+            return serve_on_ray(load, store, options, settings, host, port, address, replicas, threads_per_replica,
+                                tenants)
         web = build_app(lambda: pipeline_from(load), store, settings=settings, **options)   # loaded on its thread
         pipe = web.state.worker.pipe
     except ContextFileError as e:
@@ -85,7 +96,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         fail(e)
     import uvicorn
     err.print(f"serving {pipe.model_name} ({pipe.method.name}) on http://{host}:{port}/v1 · store {store}"
-              + (" · API key required" if api_key else ""), highlight=False)
+              + access_line(tenants), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if access_log:
         import logging
@@ -96,15 +107,22 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
     uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace)
 
 
+def access_line(tenants) -> str:
+    if tenants.open:
+        return ""
+    if tenants.names() == ["default"]:
+        return " · API key required"
+    return f" · {len(tenants.all)} tenants ({', '.join(tenants.names()[:5])}{', ...' if len(tenants.all) > 5 else ''})"
+
+
 def serve_on_ray(load: dict, store: str, options: dict, settings, host: str, port: int, address: str | None,
-                 replicas: int, threads_per_replica: int) -> None:
+                 replicas: int, threads_per_replica: int, tenants) -> None:
     """Serve the same API from ``replicas`` Ray Serve replicas over one store, until interrupted."""
     from ..cluster import serve as cluster_serve
     from .encode import connect_ray
     connect_ray(address)
     err.print(f"serving {load.get('model') or 'the default model'} ({load['method']}) on http://{host}:{port}/v1 "
-              f"from {replicas} Ray Serve replicas · store {store}" + (" · API key required" if settings.api_key
-                                                                        else ""), highlight=False)
+              f"from {replicas} Ray Serve replicas · store {store}" + access_line(tenants), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cluster_serve.run(load, store, host=host, port=port, replicas=replicas, threads_per_replica=threads_per_replica,
                       options=options, settings=settings, blocking=True)

@@ -27,7 +27,7 @@ class ReformReplica:
         if self.threads:
             import torch
             torch.set_num_threads(self.threads)
-        return build_app(lambda: load_pipeline(self.load), self.store, settings=Settings(**self.settings),
+        return build_app(lambda: load_pipeline(self.load), self.store, settings=Settings.from_json(self.settings),
                          **self.options)
 
 

@@ -1,8 +1,10 @@
 """Admission control for ``reform serve``: who gets in, in what order, and for how long.
 
-- ``Guard`` (ASGI): the API key, the body limit by ``Content-Length``, request ids, metrics, the access log;
+- ``Guard`` (ASGI): the tenant a key belongs to (``request.state.tenant``) and its requests-in-flight quota,
+  the body limit by ``Content-Length``, request ids, metrics, the access log;
 - ``BodyLimit`` (ASGI): the body limit as the bytes arrive, whatever the framing;
-- ``Line``: requests that found the worker's queue full wait here, first come, first served;
+- ``Line``: requests that found their tenant's share of the worker's queue full wait here, first come, first
+  served (each tenant has its own line);
 - ``Waiting``: one request waiting on its job, cancelling it once its client leaves or its time is up;
 - ``failure``/``outcome``: a job's exception as the HTTP error it deserves.
 
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -206,10 +208,11 @@ ACCESS_LOG = logging.getLogger("reform.access")
 
 
 class Guard:
-    """ASGI middleware (a plain one, so ``request.is_disconnected()`` still reaches the server): the API key,
-    the body-size limit by ``Content-Length``, a request id (the client's ``X-Request-Id`` or a new one) and
-    the answering process in every response, metrics, and the access log (one JSON line per request,
-    written when its response ends, streams included)."""
+    """ASGI middleware (a plain one, so ``request.is_disconnected()`` still reaches the server): the tenant
+    whose key a ``/v1/`` request carries (401 for none; 429 past its requests in flight), the body-size limit
+    by ``Content-Length``, a request id (the client's ``X-Request-Id`` or a new one) and the answering
+    process in every response, metrics, and the access log (one JSON line per request, written when its
+    response ends, streams included; it names the tenant, never the key)."""
 
     def __init__(self, app, service: Service):
         self.app, self.service = app, service
@@ -229,29 +232,50 @@ class Guard:
                                                   (b"x-request-id", request_id.encode())]}
             await send(message)
         service.metrics.in_flight.inc()
+        tenant = service.tenants.find(request.headers.get("authorization", "")) \
+            if request.url.path.startswith("/v1/") else None
+        scope.setdefault("state", {})["tenant"] = tenant
+        counted = tenant is not None and not self.over_quota(tenant)
+        if counted:
+            service.in_flight[tenant.name] += 1
+            service.metrics.tenant_in_flight.labels(tenant.name).inc()
         try:
-            refusal = self.refusal(request)
+            refusal = self.refusal(request, tenant, counted)
             if refusal is not None:
                 await refusal(scope, receive, sending)
             else:
                 await self.app(scope, receive, sending)
         finally:
             service.metrics.in_flight.dec()
+            if counted:
+                service.in_flight[tenant.name] -= 1
+                service.metrics.tenant_in_flight.labels(tenant.name).dec()
+            if tenant is not None:
+                service.metrics.tenant_requests.labels(tenant.name, str(status[0])).inc()
             path = getattr(scope.get("route"), "path", "unmatched")
             service.metrics.requests.labels(path, str(status[0])).inc()
             ACCESS_LOG.info(json.dumps({
                 "time": round(time.time(), 3), "request_id": request_id, "method": request.method,
                 "path": request.url.path, "status": status[0], "seconds": round(time.perf_counter() - started, 4),
-                "client": request.client.host if request.client else None, "worker": service.name}))
+                "client": request.client.host if request.client else None, "worker": service.name,
+                **({"tenant": tenant.name} if tenant is not None and not service.tenants.open else {})}))
 
-    def refusal(self, request: Request) -> JSONResponse | None:
-        settings = self.service.settings
-        if request.url.path.startswith("/v1/") and settings.api_key:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+    def over_quota(self, tenant) -> bool:
+        most = tenant.quotas.in_flight
+        return most is not None and self.service.in_flight[tenant.name] >= most
+
+    def refusal(self, request: Request, tenant, counted: bool) -> JSONResponse | None:
+        settings, service = self.service.settings, self.service
+        if request.url.path.startswith("/v1/"):
+            if tenant is None:
                 e = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                              type="authentication_error", code="invalid_api_key")
                 return JSONResponse(e.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            if not counted:
+                wait = max(1, math.ceil(min(60.0, service.worker.job_seconds)))
+                e = service.refused(tenant, "in_flight", 429, f"this key has its quota of {tenant.quotas.in_flight} "
+                                    f"requests in flight; retry in about {wait} s", headers={"Retry-After": str(wait)})
+                return JSONResponse(e.body(), status_code=429, headers=e.headers)
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
             e = ApiError(413, f"request body of {int(length)} bytes is over the limit of {settings.max_body_bytes}",

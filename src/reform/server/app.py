@@ -8,11 +8,16 @@
   progress; ``DELETE`` removes.
 - ``GET /v1/models[/{id}]``, ``GET /health``, ``GET /metrics`` (Prometheus), and ``GET /`` the web page.
 
+Several tenants may share one server (``--keys``, ``tenants``): each request acts for the tenant whose
+key it carries, and sees only that tenant's contexts and files; another tenant's are 404, as ones that do
+not exist.
+
 Every response names the process that answered in an ``X-Reform-Worker: HOST/PID`` header (behind a load
 balancer or Ray Serve, which replica it was).
 
 Every error is one JSON object in OpenAI's error shape with a fitting status: 400 bad request, 401
-without the API key, 404 unknown model, context or endpoint, 405 wrong method, 413 too large, 503 (with
+without the API key, 404 unknown model, context or endpoint, 405 wrong method, 413 too large or past a
+store quota, 429 (with ``Retry-After``) past a tenant's requests in flight or daily tokens, 503 (with
 ``Retry-After``) when the queue and the line of requests waiting for it are full, 504 past the per-request
 timeout. A chat whose only message is the question is answered by the model without a context. Talks to the model only through
 ``Worker``.
@@ -39,6 +44,7 @@ from .admission import BodyLimit, Guard, Waiting, body_bytes, still_wanted
 from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
 from .service import ChatJob, Keys, Service, Settings
+from .tenants import Tenant, public_id
 from .worker import Cancelled, Worker
 
 __all__ = ["Keys", "Service", "Settings", "create_app"]
@@ -179,12 +185,17 @@ def service_of(request: Request) -> Service:
     return request.app.state.service
 
 
+def tenant_of(request: Request) -> Tenant:
+    """The tenant whose key the request carries (``admission.Guard`` found it)."""
+    return request.state.tenant
+
+
 router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
 async def chat(request: Request):
-    service = service_of(request)
+    service, tenant = service_of(request), tenant_of(request)
     settings = service.settings
     deadline = asyncio.get_running_loop().time() + settings.request_timeout   # reading the request counts
     req = await chat_request(request, settings.max_body_bytes)
@@ -202,15 +213,18 @@ async def chat(request: Request):
         if req.context_id is not None:
             raise ApiError(400, "files cannot be sent with a context_id; send the documents in the messages",
                            param="context_id")
-        text = await service.document_of(conv)
-        key, question = (await service.key_of(text))[0], conv.question
+        text = await service.document_of(conv, tenant)
+        key, question = (await service.key_of(text, tenant))[0], conv.question
     else:
-        key, text, question = await service.plan(conv, req.context_id)
-    tokens = 0 if text is None else (await service.key_of(text))[1]
-    chat_job = ChatJob(service, req, conv, key, text, question, tokens)
-    completion = Completion(service.model_id, key, service.metrics.streams)
+        key, text, question = await service.plan(conv, req.context_id, tenant)
+    tokens = 0 if text is None else (await service.key_of(text, tenant))[1]
+    if text is not None and service.will_encode(key):
+        await service.admit_encode(tenant, tokens)
+    chat_job = ChatJob(service, req, conv, key, text, question, tokens, tenant)
+    completion = Completion(service.model_id, key and public_id(key), service.metrics.streams)
     try:    # errors before the first token (unknown context, question too long) get a real status
-        job = await service.enqueue(chat_job.put, lambda: still_wanted(request, deadline, settings.request_timeout))
+        job = await service.enqueue(chat_job.put, lambda: still_wanted(request, deadline, settings.request_timeout),
+                                    tenant)
         waiting = Waiting(job, request, deadline, settings.request_timeout)
         if not req.stream:
             try:
@@ -234,19 +248,20 @@ async def chat(request: Request):
 # ---------------------------------------------------------------------- contexts
 @router.post("/v1/contexts")
 async def create_context(request: Request):
-    service = service_of(request)
+    service, tenant = service_of(request), tenant_of(request)
     settings = service.settings
     deadline = asyncio.get_running_loop().time() + settings.request_timeout
     text = await upload_document(request, service)
-    key, n = await service.key_of(text)
+    key, n = await service.key_of(text, tenant)
     if service.worker.has(key) or service.encoding_elsewhere(key):   # (another replica's encode is not repeated)
         s = service.status_of(key)
         if s.status != "failed":
             return JSONResponse(s.to_json(), status_code=200 if s.status == "ready" else 202)
         service.worker.forget(key)       # failed, or its file unreadable: replaced by a fresh encode
+    await service.admit_encode(tenant, n)
     try:
-        await service.enqueue(lambda: service.worker.upload(key, text, n),
-                              lambda: still_wanted(request, deadline, settings.request_timeout))
+        await service.enqueue(lambda: service.worker.upload(key, text, n, tenant=tenant.name),
+                              lambda: still_wanted(request, deadline, settings.request_timeout), tenant)
     except Cancelled:
         return JSONResponse({}, status_code=499)
     return JSONResponse(service.status_of(key).to_json(), status_code=202)
@@ -254,20 +269,21 @@ async def create_context(request: Request):
 
 @router.get("/v1/contexts")
 async def list_contexts(request: Request):
-    return {"object": "list", "data": [s.to_json() for s in service_of(request).worker.all_contexts()]}
+    contexts = await run_in_threadpool(service_of(request).worker.all_contexts, tenant_of(request).scope)
+    return {"object": "list", "data": [s.to_json() for s in contexts]}
 
 
-@router.get("/v1/contexts/{key}")
-async def get_context(key: str, request: Request):
-    return service_of(request).status_of(key).to_json()
+@router.get("/v1/contexts/{context_id}")
+async def get_context(context_id: str, request: Request):
+    return service_of(request).status_of(tenant_of(request).stored_key(context_id)).to_json()
 
 
-@router.delete("/v1/contexts/{key}")
-async def delete_context(key: str, request: Request):
-    worker = service_of(request).worker
+@router.delete("/v1/contexts/{context_id}")
+async def delete_context(context_id: str, request: Request):
+    worker, key = service_of(request).worker, tenant_of(request).stored_key(context_id)
     if not worker.store.valid_key(key) or not worker.forget(key):
-        raise ApiError(404, f"context {key} not found", code="context_not_found")
-    return {"id": key, "object": "context.deleted", "deleted": True}
+        raise ApiError(404, f"context {context_id} not found", code="context_not_found")
+    return {"id": context_id, "object": "context.deleted", "deleted": True}
 
 
 # ---------------------------------------------------------------------- files
@@ -275,7 +291,7 @@ async def delete_context(key: str, request: Request):
 async def create_file(request: Request):
     """A document uploaded once (multipart ``file`` and ``purpose``, as ``client.files.create`` sends it),
     checked to be one reform reads, then named in chats by its ``file_id``."""
-    service = service_of(request)
+    service, tenant_files = service_of(request), files_of(request)
     form = await request.form(max_part_size=service.settings.max_body_bytes)
     files, purpose = form.getlist("file"), form.get("purpose")
     if len(files) != 1 or not hasattr(files[0], "read"):
@@ -284,18 +300,23 @@ async def create_file(request: Request):
         raise ApiError(400, "a 'purpose' is required (user_data, assistants, ...)", param="purpose")
     data, filename = await files[0].read(), files[0].filename or "the upload"
     await service.extract(data, filename)               # refused now, not at the first chat that names it
-    return await run_in_threadpool(service.files.create, data, filename, purpose)
+    return await run_in_threadpool(tenant_files.create, data, filename, purpose)
+
+
+def files_of(request: Request):
+    """The files of the request's tenant."""
+    return service_of(request).files[tenant_of(request).name]
 
 
 @router.get("/v1/files")
 async def list_files(request: Request):
-    return {"object": "list", "data": await run_in_threadpool(service_of(request).files.all), "has_more": False}
+    return {"object": "list", "data": await run_in_threadpool(files_of(request).all), "has_more": False}
 
 
 @router.get("/v1/files/{file_id}")
 async def get_file(file_id: str, request: Request):
     try:
-        return await run_in_threadpool(service_of(request).files.get, file_id)
+        return await run_in_threadpool(files_of(request).get, file_id)
     except KeyError:
         raise ApiError(404, f"file {file_id} not found", code="file_not_found") from None
 
@@ -303,7 +324,7 @@ async def get_file(file_id: str, request: Request):
 @router.get("/v1/files/{file_id}/content")
 async def file_content(file_id: str, request: Request):
     try:
-        data, _ = await run_in_threadpool(service_of(request).files.content, file_id)
+        data, _ = await run_in_threadpool(files_of(request).content, file_id)
     except KeyError:
         raise ApiError(404, f"file {file_id} not found", code="file_not_found") from None
     return Response(data, media_type="application/octet-stream")
@@ -311,7 +332,7 @@ async def file_content(file_id: str, request: Request):
 
 @router.delete("/v1/files/{file_id}")
 async def delete_file(file_id: str, request: Request):
-    if not await run_in_threadpool(service_of(request).files.delete, file_id):
+    if not await run_in_threadpool(files_of(request).delete, file_id):
         raise ApiError(404, f"file {file_id} not found", code="file_not_found")
     return {"id": file_id, "object": "file", "deleted": True}
 

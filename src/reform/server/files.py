@@ -16,9 +16,11 @@ FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 
 
 class FileStore:
-    def __init__(self, store: ContextStore):
+    """One tenant's files: the ``files/`` folder of its scope in the store (``ContextStore.folder``)."""
+
+    def __init__(self, store: ContextStore, scope: str = ""):
         self.fs = store.fs
-        self.root = store.root.rstrip("/") + "/files"
+        self.root = store.folder(scope).rstrip("/") + "/files"
         self.fs.makedirs(self.root, exist_ok=True)
 
     def _path(self, file_id: str, suffix: str) -> str:

@@ -23,12 +23,14 @@ from .admission import Line
 from .files import FileStore
 from .metrics import Metrics
 from .openai_schema import ApiError, Conversation, context_text, history_question
+from .tenants import DailyTokens, Tenant, Tenants, seconds_to_next_day
 from .worker import ContextStatus, QueueFull, Underway, Worker
 
 
 @dataclass
 class Settings:
-    api_key: str | None = None
+    api_key: str | None = None              # one key: the single tenant ``default``
+    keys_file: str | None = None            # tenants, their keys and quotas (``tenants.read_keys_file``)
     max_body_bytes: int = 64 << 20          # 413 above this
     max_context_tokens: int = 2_000_000     # 413 above this
     request_timeout: float = 900.0          # 504 after this many seconds (encode included)
@@ -37,6 +39,16 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()   # CORS: web origins whose pages may call the API ("*": any)
     max_waiting: int = 256                  # requests waiting in line for a queue place; 503 beyond
     limits: Limits = field(default_factory=Limits)   # what extracting one uploaded document may cost
+
+    @classmethod
+    def from_json(cls, fields: dict) -> "Settings":
+        """The settings ``dataclasses.asdict`` gave (as a Ray replica receives them)."""
+        fields = dict(fields)
+        if isinstance(fields.get("limits"), dict):
+            fields["limits"] = Limits(**fields["limits"])
+        if isinstance(fields.get("allowed_origins"), list):
+            fields["allowed_origins"] = tuple(fields["allowed_origins"])
+        return cls(**fields)
 
 
 class Keys:
@@ -60,13 +72,15 @@ class Keys:
             self.local.templater = templater
         return self.local.templater
 
-    def of(self, content: str | Extracted, limit: int | None = None) -> tuple[str, int]:
+    def of(self, content: str | Extracted, limit: int | None = None, tenant: str = "") -> tuple[str, int]:
         """``(key, tokens)`` of the context ``content`` (text or an extracted document) would encode to; past
         ``limit`` tokens, ``(None, n)`` with n > limit as soon as the count passes it (a 50 MB text is not
-        tokenised whole to refuse it)."""
+        tokenised whole to refuse it). Remembered per ``tenant``: a text another tenant sent is counted
+        again, in the time any new text takes."""
         document = content if isinstance(content, Extracted) else None
         text = content.text if document is not None else content
-        digest = hashlib.sha256(text.encode() + ((document.digest() or "") if document else "").encode()).hexdigest()
+        digest = hashlib.sha256(tenant.encode() + b"\0" + text.encode() +
+                                ((document.digest() or "") if document else "").encode()).hexdigest()
         with self.lock:
             if digest in self.memo:
                 return self.memo[digest]
@@ -94,19 +108,23 @@ class Keys:
 
 
 class Service:
-    """What the HTTP handlers share for one served ``Worker``: the settings, the names it answers to, the
-    content keys of texts, and the waiting on jobs. State changes are the worker's own methods."""
+    """What the HTTP handlers share for one served ``Worker``: the settings, the tenants and their quotas,
+    the names it answers to, the content keys of texts, and the waiting on jobs. State changes are the
+    worker's own methods."""
 
     def __init__(self, worker: Worker, settings: Settings):
         self.worker, self.settings, self.pipe = worker, settings, worker.pipe
+        self.tenants = Tenants.of(settings.api_key, settings.keys_file)
         self.model_id = settings.model_id or self.pipe.model_name
         self.keys = Keys(self.pipe)
         self.served_names = (self.model_id, self.pipe.model_name, self.pipe.source, "reform")  # a request's "model"
         self.history_limit = self.pipe.engine.shape.window // 8   # tokens of later turns riding with a question
         self.name = f"{socket.gethostname()}/{os.getpid()}"
-        self.line = Line(settings.max_waiting)
-        self.metrics = Metrics(worker, self.line)
-        self.files = FileStore(worker.store)
+        self.lines = {t.name: Line(settings.max_waiting) for t in self.tenants.all}   # each tenant waits in its own
+        self.metrics = Metrics(worker, self.lines, self.tenants)
+        self.files = {t.name: FileStore(worker.store, t.scope) for t in self.tenants.all}
+        self.usage = DailyTokens(worker.store, worker.owner["instance"])
+        self.in_flight = {t.name: 0 for t in self.tenants.all}      # requests being answered, by tenant
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
 
@@ -118,14 +136,14 @@ class Service:
         except DocumentError as e:
             raise document_error(e) from None
 
-    async def document_of(self, conv: Conversation) -> Extracted:
+    async def document_of(self, conv: Conversation, tenant: Tenant) -> Extracted:
         """The context of a chat with file parts: the earlier messages' text (if any) and each file, in order,
         one document each; a single file alone is that document."""
         named = [("messages", Extracted.plain(context_text(conv.earlier), "messages"))] if conv.earlier else []
         for part in conv.files:
             if part.file_id is not None:
                 try:
-                    data, filename = await run_in_threadpool(self.files.content, part.file_id)
+                    data, filename = await run_in_threadpool(self.files[tenant.name].content, part.file_id)
                 except KeyError:
                     raise ApiError(404, f"file {part.file_id} not found", param="messages",
                                    code="file_not_found") from None
@@ -141,13 +159,44 @@ class Service:
             raise ApiError(404, f"model '{name}' is not served here; this server serves '{self.model_id}'",
                            param="model", code="model_not_found")
 
-    async def key_of(self, text: str | Extracted) -> tuple[str, int]:
-        """``(content key, tokens)`` of a context text or document; 413 past the token limit."""
-        key, n = await run_in_threadpool(self.keys.of, text, self.settings.max_context_tokens)
+    async def key_of(self, text: str | Extracted, tenant: Tenant) -> tuple[str, int]:
+        """``(store key, tokens)`` of a context text or document for ``tenant``; 413 past the token limit."""
+        key, n = await run_in_threadpool(self.keys.of, text, self.settings.max_context_tokens, tenant.name)
         if key is None or n > self.settings.max_context_tokens:
             raise ApiError(413, f"the context has {'at least ' if key is None else ''}{n} tokens, over this "
                                 f"server's limit of {self.settings.max_context_tokens}", code="context_too_large")
-        return key, n
+        return tenant.context_key(key), n
+
+    def will_encode(self, key: str) -> bool:
+        """``key`` is nowhere yet: asking for it starts an encode."""
+        return not self.worker.has(key) and not self.encoding_elsewhere(key)
+
+    async def admit_encode(self, tenant: Tenant, tokens: int) -> None:
+        """Charge a new encode of ``tokens`` to ``tenant``: 413 while its store is at its quota of contexts or
+        bytes, 429 (``Retry-After``: the next UTC day) past its daily tokens."""
+        quotas = tenant.quotas
+        if quotas.contexts is not None or quotas.store_bytes is not None:
+            stored = await run_in_threadpool(self.worker.store.entries, tenant.scope)
+            if quotas.contexts is not None:
+                under_way = {s.id for s in self.worker.all_contexts(tenant.scope) if s.status in ("queued", "encoding")}
+                if len({e.key for e in stored} | under_way) >= quotas.contexts:
+                    raise self.refused(tenant, "contexts", 413, f"this key's store holds its quota of {quotas.contexts} "
+                                       "contexts; delete some (DELETE /v1/contexts/ID) to upload more")
+            if quotas.store_bytes is not None and (size := sum(e.bytes for e in stored)) >= quotas.store_bytes:
+                raise self.refused(tenant, "store_bytes", 413, f"this key's store holds {size} bytes, at its quota of "
+                                   f"{quotas.store_bytes}; delete contexts (DELETE /v1/contexts/ID) to upload more")
+        total = await run_in_threadpool(self.usage.take, tenant.scope, tokens, quotas.daily_tokens)
+        if total is None:
+            wait = seconds_to_next_day()
+            raise self.refused(tenant, "daily_tokens", 429, f"this context's {tokens} tokens would pass this key's quota "
+                               f"of {quotas.daily_tokens} tokens encoded per day (UTC); retry in {wait} s",
+                               headers={"Retry-After": str(wait)})
+        self.metrics.tenant_tokens.labels(tenant.name).inc(tokens)
+
+    def refused(self, tenant: Tenant, quota: str, status: int, message: str, headers: dict | None = None) -> ApiError:
+        self.metrics.tenant_refused.labels(tenant.name, quota).inc()
+        return ApiError(status, message, type="rate_limit_error" if status == 429 else "invalid_request_error",
+                        code="quota_exceeded", headers=headers)
 
     def encoding_elsewhere(self, key: str) -> bool:
         """Another process sharing the store (a replica) has ``key`` queued or encoding."""
@@ -165,38 +214,40 @@ class Service:
                 return True
         return self.worker.store.has(key)
 
-    def busy(self) -> ApiError:
+    def busy(self, tenant: Tenant) -> ApiError:
         # when a place is likely free: the queue's expected wait, plus the line's share of jobs before it
-        line_wait = len(self.line) * self.worker.job_seconds
+        line_wait = len(self.lines[tenant.name]) * self.worker.job_seconds
         wait = min(600, max(1, math.ceil(self.worker.expected_wait() + line_wait)))
         return ApiError(503, f"the server is busy: too many requests are waiting; retry in about {wait} s",
                         type="server_error", code="queue_full", headers={"Retry-After": str(wait)})
 
-    async def enqueue(self, put, still_wanted):
-        """``put()``'s result once the worker's queue takes it (``put`` raises ``QueueFull`` while the queue is
-        full): a request that finds it full waits in ``line`` for a place instead of being refused, and 503
-        (``busy``) comes only when the line is full too."""
+    async def enqueue(self, put, still_wanted, tenant: Tenant):
+        """``put()``'s result once the worker's queue takes it (``put`` raises ``QueueFull`` while ``tenant``'s
+        share of the queue is full): a request that finds it full waits in its tenant's line for a place
+        instead of being refused, and 503 (``busy``) comes only when that line is full too."""
         try:
-            return await self.line.join(put, still_wanted)
+            return await self.lines[tenant.name].join(put, still_wanted)
         except QueueFull:
-            raise self.busy() from None
+            raise self.busy(tenant) from None
 
     def status_of(self, key: str) -> ContextStatus:
-        s = self.worker.describe(key)
+        """``key``'s status (a store key: the tenant's folder and id); 404 for one that is nowhere."""
+        s = self.worker.describe(key) if self.worker.store.valid_key(key) else None
         if s is None:
-            raise ApiError(404, f"context {key} not found", code="context_not_found")
+            raise ApiError(404, f"context {key.rpartition('/')[2]} not found", code="context_not_found")
         return s
 
-    async def plan(self, conv: Conversation, context_id: str | None) -> tuple[str | None, str | None, str]:
+    async def plan(self, conv: Conversation, context_id: str | None,
+                   tenant: Tenant) -> tuple[str | None, str | None, str]:
         """``(context key, context text (None for an uploaded context_id), question)``: the longest stored
         prefix of the earlier messages whose later turns fit beside the question, else all earlier messages
         (encoded once); no earlier messages: ``(None, None, question)``, asked without a context."""
         earlier, worker = conv.earlier, self.worker
         if context_id is not None:
-            if not worker.store.valid_key(context_id) or not (worker.has(context_id)
-                                                                or await self.stored_elsewhere(context_id)):
+            key = tenant.stored_key(context_id)
+            if not worker.store.valid_key(key) or not (worker.has(key) or await self.stored_elsewhere(key)):
                 raise ApiError(404, f"context {context_id} not found", param="context_id", code="context_not_found")
-            return context_id, None, await self.fit_history(earlier, conv.question)
+            return key, None, await self.fit_history(earlier, conv.question)
         if not earlier:         # a question alone (a chat UI's first message): the model answers it
             return None, None, conv.question
         for j in range(len(earlier), 0, -1):
@@ -204,11 +255,11 @@ class Service:
             if later and await run_in_threadpool(self.keys.tokens, context_text(later)) > self.history_limit:
                 break
             text = context_text(earlier[:j])
-            key, _ = await self.key_of(text)
+            key, _ = await self.key_of(text, tenant)
             if worker.has(key):    # the text still goes along: a damaged or evicted file is encoded again
                 return key, text, history_question(later, conv.question)
         text = context_text(earlier)
-        key, _ = await self.key_of(text)
+        key, _ = await self.key_of(text, tenant)
         return key, text, conv.question
 
     async def check_images(self, parts: list, context_id: str | None) -> None:
@@ -246,8 +297,8 @@ class ChatJob:
     watched, once, whichever way the request ends."""
 
     def __init__(self, service: Service, req, conv: Conversation, key: str | None, text: str | None,
-                 question: str, tokens: int):
-        self.service, self.req, self.conv = service, req, conv
+                 question: str, tokens: int, tenant: Tenant):
+        self.service, self.req, self.conv, self.tenant = service, req, conv, tenant
         self.key, self.text, self.question, self.tokens = key, text, question, tokens
         self.asked = req.max_new_tokens()     # unset: up to the default, fewer where the window has less room
         self.started_encode, self.watched = False, []
@@ -271,13 +322,13 @@ class ChatJob:
         if self.text is not None and not worker.has(key) and not self.service.encoding_elsewhere(key):
             # the encode runs as a job of its own, so that it outlives this request if its client leaves and
             # another chat (or the same client, retrying) wants the same text (``Worker.upload``)
-            worker.upload(key, self.text, self.tokens, for_chat=True)
+            worker.upload(key, self.text, self.tokens, for_chat=True, tenant=self.tenant.name)
             self.started_encode = True
         if key is not None and not self.watched and (encode := worker.watch(key)) is not None:
             self.watched.append(encode)
         # with key: may answer during another's encode (as may a question without a context)
         return worker.submit(self.work, stream=self.req.stream, key=key,
-                             no_context=key is None and self.conv.parts is None)
+                             no_context=key is None and self.conv.parts is None, tenant=self.tenant.name)
 
     def done_waiting(self) -> None:
         while self.watched:

@@ -38,6 +38,7 @@ import torch
 
 from ..methods.answering import Answering, Together
 from ..store import ContextFileError, ContextStore
+from .tenants import DEFAULT
 
 
 class Cancelled(Exception):
@@ -67,7 +68,8 @@ class ContextStatus:
     method: str | None = None
 
     def to_json(self) -> dict:
-        return {"object": "context", **asdict(self)}
+        # the id a client knows: the store key without its tenant's folder (``tenants.public_id``)
+        return {"object": "context", **asdict(self), "id": self.id.rpartition("/")[2]}
 
 
 @dataclass(eq=False)        # a job is itself: found in and removed from the queue by identity
@@ -82,6 +84,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     key: str | None = None        # the context a question reads: it may run between an encode's chunks
     no_context: bool = False      # a question asked without a context: it may run between them too
+    tenant: str = DEFAULT         # whose job: the queue holds ``queue_size`` of each tenant's, served in turn
     # an encode queued for chats (not an upload): it runs while a chat waits for it, and for
     # ``ABANDONED_GRACE_S`` after the last one left (a client retrying finds it in progress), then stops
     for_chats: bool = False
@@ -184,6 +187,8 @@ class Worker:
         self.answers_decoded = 0
         self.pending: deque[Job | None] = deque()                # None: stop once the jobs before it ran
         self.arrived = threading.Condition()                     # guards ``pending``
+        self.turns: dict[str, int] = {}                          # tenant -> when it last had a job taken
+        self.turns_taken = 0
         self.encoding: str | None = None                         # the key being encoded, between its chunks
         self.memory_contexts = memory_contexts
         self.loaded: OrderedDict[str, Any] = OrderedDict()       # key -> Context, most recent last
@@ -222,11 +227,12 @@ class Worker:
 
     # ------------------------------------------------------------------ queue
     def submit(self, fn: Callable[[Job], Any], *, stream: bool = False, key: str | None = None,
-               no_context: bool = False) -> Job:
-        """Queue ``fn``; ``key``: the context it reads, when it may answer between an encode's chunks (as may
-        a question with ``no_context``)."""
+               no_context: bool = False, tenant: str = DEFAULT) -> Job:
+        """Queue ``fn`` for ``tenant``; ``key``: the context it reads, when it may answer between an encode's
+        chunks (as may a question with ``no_context``)."""
         loop = asyncio.get_running_loop()
-        job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None, key=key, no_context=no_context)
+        job = Job(fn, loop, loop.create_future(), asyncio.Queue() if stream else None, key=key, no_context=no_context,
+                  tenant=tenant)
         # a job whose client left resolves with nobody awaiting it: mark its exception seen (no asyncio
         # "Future exception was never retrieved" traceback per disconnect)
         job.future.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -234,14 +240,19 @@ class Worker:
         return job
 
     def put(self, job: Job | None) -> None:
+        """Queue ``job`` (None: stop once the jobs before it ran); ``QueueFull`` when its tenant already has
+        ``queue_size`` jobs waiting."""
         with self.arrived:
-            if job is not None and len(self.pending) >= self.queue_size:
+            if job is not None and self.queued(job.tenant) >= self.queue_size:
                 raise QueueFull()
             self.pending.append(job)
             self.arrived.notify()
 
-    def queued(self) -> int:
-        return len(self.pending)
+    def queued(self, tenant: str | None = None) -> int:
+        """Jobs waiting (``tenant``'s only, if given)."""
+        if tenant is None:
+            return sum(j is not None for j in self.pending)
+        return sum(j is not None and j.tenant == tenant for j in self.pending)
 
     def stop(self) -> None:
         self.put(None)
@@ -252,15 +263,31 @@ class Worker:
             with self.arrived:
                 while not self.pending and not self.together:
                     self.arrived.wait()
-                head = self.pending[0] if self.pending else None
-                if self.pending and head is None and not self.together:
+                if self.pending and self.pending[0] is None and not self.together:
                     return                              # stop: every job before it ran, every answer ended
-                startable = head is not None and (self.together.room() > 0 or not self.is_question(head))
-                job = self.pending.popleft() if startable else None
+                job = self._next_job()
             if job is not None:
                 self._execute(job)
             else:
                 self._step()
+
+    def _next_job(self) -> Job | None:
+        """Take the next job to run (under ``arrived``): the first waiting job of the tenant served longest
+        ago, so tenants take turns and one tenant's twenty uploads do not wait ahead of another's question.
+        A question waits while the batch is full (None: decode a step instead)."""
+        firsts: dict[str, Job] = {}
+        for job in self.pending:
+            if job is None:
+                break                                   # stop: nothing after it runs
+            firsts.setdefault(job.tenant, job)
+        ready = [j for j in firsts.values() if self.together.room() > 0 or not self.is_question(j)]
+        if not ready:
+            return None
+        job = min(ready, key=lambda j: self.turns.get(j.tenant, -1))
+        self.pending.remove(job)
+        self.turns_taken += 1
+        self.turns[job.tenant] = self.turns_taken
+        return job
 
     @staticmethod
     def is_question(job: Job) -> bool:
@@ -466,12 +493,12 @@ class Worker:
         """``key`` is in memory, in the store, or an upload here is queued or encoding it."""
         return key in self.loaded or self.store.has(key) or key in self.uploads
 
-    def upload(self, key: str, text: str, tokens: int, *, for_chat: bool = False) -> Job:
+    def upload(self, key: str, text: str, tokens: int, *, for_chat: bool = False, tenant: str = DEFAULT) -> Job:
         """Queue the encode of an uploaded context: its status reads "queued" here and, through the store's
         note, in every process sharing the store. ``QueueFull`` when the queue is full (nothing recorded).
         ``for_chat``: the encode a chat needs, which lives on after the chat's client leaves only while
         another chat waits for it or for ``ABANDONED_GRACE_S`` (see ``watch``); an upload of the same
-        text makes it an upload (kept whatever the chats do)."""
+        text makes it an upload (kept whatever the chats do). ``tenant``: whose turn it takes in the queue."""
         if (job := self.uploads.get(key)) is not None:
             job.for_chats = job.for_chats and for_chat
             return job
@@ -484,7 +511,7 @@ class Worker:
                     self.status.pop(key)
             return found
         try:
-            job = self.submit(encode)
+            job = self.submit(encode, tenant=tenant)
         except QueueFull:
             with self.lock:
                 self.status.pop(key, None)
@@ -572,8 +599,9 @@ class Worker:
                              (m.get("encode") or {}).get("seconds"), entry.bytes,
                              method=(m.get("method") or {}).get("name"))
 
-    def all_contexts(self) -> list[ContextStatus]:
-        keys = {e.key for e in self.store.entries()}
+    def all_contexts(self, scope: str = "") -> list[ContextStatus]:
+        """Every context of the store's ``scope`` (a tenant's folder), stored or under way here."""
+        keys = {e.key for e in self.store.entries(scope)}
         with self.lock:
-            keys |= set(self.status)
+            keys |= {k for k in self.status if k.rpartition("/")[0] == scope}
         return [s for k in sorted(keys) if (s := self.describe(k)) is not None]

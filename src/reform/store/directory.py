@@ -2,6 +2,9 @@
 folder, the least recently used removed first when the folder outgrows its size budget. Survives
 restarts: the folder is the whole state (a file's modification time is its last use).
 
+A key is 32 hex digits, optionally in a scope: ``tenants/NAME/KEY`` lives in the folder ``tenants/NAME``
+(a server's tenant, ``reform.server.tenants``). Listing takes a scope; the size budget is the whole store's.
+
 The folder is a local path or any fsspec URL (``file://``, ``s3://bucket/contexts``, ``gs://``, a shared
 filesystem, ``memory://`` in tests), so every worker of a cluster can read and write one store. A write
 is whole or absent on every backend: the file is written under a hidden temporary name and then renamed
@@ -24,7 +27,9 @@ from .format import ContextFileError, read_manifest, read_manifest_bytes
 
 SUFFIX = ".reform"
 NOTE_SUFFIX = ".status.json"      # a small JSON note beside a context being encoded (see ``write_note``)
-_KEY = re.compile(r"[0-9a-f]{32}")
+SCOPES = "tenants"                # the folder of scopes: SCOPES/NAME/ holds one scope's files
+_SCOPE = rf"{SCOPES}/[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}"
+_KEY = re.compile(rf"(?:{_SCOPE}/)?[0-9a-f]{{32}}")
 
 
 @dataclass
@@ -91,6 +96,10 @@ class ContextStore:
     @staticmethod
     def valid_key(key: str) -> bool:
         return isinstance(key, str) and _KEY.fullmatch(key) is not None
+
+    def folder(self, scope: str = "") -> str:
+        """Where a scope's files are ("": the top folder)."""
+        return f"{self.root}/{scope}" if scope else self.root
 
     def location(self, key: str) -> str:
         """Where ``key``'s file is on the store's filesystem (a path for fsspec calls)."""
@@ -163,7 +172,8 @@ class ContextStore:
     def _upload(self, key: str, ctx) -> int:
         """Write locally, upload under a hidden name, then move into place: readers never see a part."""
         final = self.location(key)
-        hidden = f"{self.root}/.{key}{SUFFIX}.{uuid.uuid4().hex[:8]}.tmp"
+        scope, _, name = key.rpartition("/")
+        hidden = f"{self.folder(scope)}/.{name}{SUFFIX}.{uuid.uuid4().hex[:8]}.tmp"
         with tempfile.TemporaryDirectory(prefix="reform-context-") as folder:
             size = ctx.save(Path(folder) / f"{key}{SUFFIX}")
             try:
@@ -194,13 +204,20 @@ class ContextStore:
     def write_note(self, key: str, note: dict) -> None:
         """Publish ``note`` (JSON-able) about ``key``, replacing the last one whole."""
         import json
-        data = json.dumps(note).encode()
         with contextlib.suppress(OSError):
-            if self.local:
-                from ..outputs import write_atomic
-                write_atomic(self._note(key), data)
-            else:
-                self.fs.pipe_file(self._note(key), data)     # an object store's put is whole or absent
+            self.write_whole(self._note(key), json.dumps(note).encode())
+
+    def write_whole(self, path: str, data: bytes) -> None:
+        """Write a small file at ``path`` (on the store's filesystem) whole or not at all."""
+        if self.local:
+            from ..outputs import write_atomic
+            write_atomic(path, data)
+        else:
+            self.fs.pipe_file(path, data)     # an object store's put is whole or absent
+
+    def read_whole(self, path: str) -> bytes:
+        with self.fs.open(path, "rb") as f:
+            return f.read()
 
     def read_note(self, key: str) -> dict | None:
         import json
@@ -217,23 +234,35 @@ class ContextStore:
         with contextlib.suppress(OSError, KeyError):
             self.fs.rm_file(self._note(key))
 
-    def _listing(self) -> list[dict]:
+    def _listing(self, folder: str | None = None) -> list[dict]:
+        folder = folder or self.root
         try:
-            return self.fs.ls(self.root, detail=True, refresh=True) if not self.local else \
-                self.fs.ls(self.root, detail=True)
+            return self.fs.ls(folder, detail=True, refresh=True) if not self.local else \
+                self.fs.ls(folder, detail=True)
         except FileNotFoundError:
             return []
         except TypeError:       # a backend whose ls takes no ``refresh``
-            return self.fs.ls(self.root, detail=True)
+            return self.fs.ls(folder, detail=True)
 
-    def entries(self) -> list[StoredContext]:
-        """Every stored context, most recently used first (half-written temporary files are not listed)."""
-        out = []
-        for info in self._listing():
+    def scopes(self) -> list[str]:
+        """Every scope with a folder, the top folder ("") first."""
+        found = [""]
+        for info in self._listing(f"{self.root}/{SCOPES}"):
             name = info["name"].rstrip("/").rsplit("/", 1)[-1]
-            key = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
-            if self.valid_key(key) and info.get("type", "file") == "file":
-                out.append(StoredContext(key, self.location(key), int(info.get("size") or 0), _mtime(info)))
+            if info.get("type") == "directory" and re.fullmatch(_SCOPE, f"{SCOPES}/{name}"):
+                found.append(f"{SCOPES}/{name}")
+        return found
+
+    def entries(self, scope: str | None = None) -> list[StoredContext]:
+        """The stored contexts of ``scope`` ("": the top folder's; None: every scope's), most recently used
+        first (half-written temporary files are not listed)."""
+        out = []
+        for where in (self.scopes() if scope is None else [scope]):
+            for info in self._listing(self.folder(where)):
+                name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+                key = "/".join(p for p in (where, name[:-len(SUFFIX)]) if p) if name.endswith(SUFFIX) else ""
+                if self.valid_key(key) and info.get("type", "file") == "file":
+                    out.append(StoredContext(key, self.location(key), int(info.get("size") or 0), _mtime(info)))
         return sorted(out, key=lambda e: e.last_used, reverse=True)
 
     def total_bytes(self) -> int:
@@ -257,7 +286,7 @@ class ContextStore:
 
     def temporaries(self) -> list[dict]:
         """Hidden files of writes in progress, or of writers that were killed mid-way."""
-        return [info for info in self._listing()
+        return [info for scope in self.scopes() for info in self._listing(self.folder(scope))
                 if re.fullmatch(rf"\.[0-9a-f]{{32}}{re.escape(SUFFIX)}\.[0-9a-f]{{8}}\.tmp",
                                 info["name"].rstrip("/").rsplit("/", 1)[-1])]
 
