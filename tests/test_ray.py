@@ -1,7 +1,8 @@
 """Scale-out on a real local Ray cluster (2 CPUs) with a tiny random-weight model saved to disk: a corpus
 encoded into a store by a pool of actors answers like the same documents encoded in-process, a re-run
 skips what is stored, a worker killed mid-document is retried and its document stored once, and two Ray
-Serve replicas answer from one store over HTTP (official ``openai`` client and ``httpx``)."""
+Serve replicas answer from one store over HTTP (official ``openai`` client and ``httpx``), each tenant of
+a shared keys file seeing only its own contexts on every replica."""
 
 import concurrent.futures
 import os
@@ -144,21 +145,34 @@ def test_two_serve_replicas_answer_from_one_store(cluster, load, local_pipe, tmp
 
     from reform.cluster import serve as cluster_serve
 
+    from reform.server import Settings
+
     store_url = str(tmp_path / "store")
     port = free_port()
-    cluster_serve.run(load, store_url, host="127.0.0.1", port=port, replicas=2, blocking=False)
+    (tmp_path / "keys.txt").write_text("alice:key-a\nbob:key-b\n")       # every replica reads the same file
+    cluster_serve.run(load, store_url, host="127.0.0.1", port=port, replicas=2, blocking=False,
+                      settings=Settings(keys_file=str(tmp_path / "keys.txt")))
     base = f"http://127.0.0.1:{port}"
     try:
         text = document(1)
-        with httpx.Client(base_url=base, timeout=120) as http:
+        with httpx.Client(base_url=base, timeout=120, headers={"Authorization": "Bearer key-a"}) as http:
             key = http.post("/v1/contexts", json={"text": text}).json()["id"]
             store = ContextStore(store_url)
             deadline = time.time() + 120
-            while not store.has(key):            # encoded by whichever replica took the upload
+            while not store.has(f"tenants/alice/{key}"):    # encoded by whichever replica took the upload
                 assert time.time() < deadline, "the context was not stored"
                 time.sleep(0.2)
+        with httpx.Client(base_url=base, timeout=120, headers={"Authorization": "Bearer key-b"}) as bob:
+            replicas = set()
+            for _ in range(40):                   # until both replicas have answered bob
+                listed, got = bob.get("/v1/contexts").json()["data"], bob.get(f"/v1/contexts/{key}")
+                assert listed == [] and got.status_code == 404
+                replicas.add(got.headers["x-reform-worker"])
+                if len(replicas) == 2:
+                    break
+            assert len(replicas) == 2
         expected = local_pipe.encode(text).ask(QUESTION, max_new_tokens=8).text
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="key-a", max_retries=0, timeout=120)
 
         def ask(_):
             raw = client.chat.completions.with_raw_response.create(
