@@ -39,7 +39,8 @@ def failure(e: BaseException) -> ApiError:
     if isinstance(e, ApiError):
         return e
     if isinstance(e, KeyError):
-        return ApiError(404, f"context {e.args[0]} not found (deleted, or removed by the store's size budget)",
+        return ApiError(404, f"context {str(e.args[0]).rpartition('/')[2]} not found (deleted, or removed by the "
+                             "store's size budget)",
                         param="context_id", code="context_not_found")
     if isinstance(e, ContextFileError):
         return ApiError(500, f"stored context is unreadable: {e}; upload the text again", type="server_error",
