@@ -366,3 +366,29 @@ def test_context_ids_are_per_tenant_and_daily_tokens_add_up_over_processes(tmp_p
     assert one.take("tenants/alice", 60, 100) == 60
     assert two.take("tenants/alice", 50, 100) is None and two.take("tenants/alice", 40, 100) == 100
     assert one.used("tenants/alice") == 100 and one.used("") == 0
+
+
+def test_a_refused_upload_costs_no_daily_tokens_and_files_count_toward_store_bytes(store, tmp_path):
+    settings = Settings(keys_file=keys_file(tmp_path, daily_tokens=10_000, store_bytes=3000), max_waiting=0)
+    with LiveServer(make_pipe(), store, queue_size=1, settings=settings) as server:
+        service, n = server.app.state.service, len(make_pipe().tokenize(DOC).ids)
+        release, loop = threading.Event(), asyncio.new_event_loop()
+        server.worker.put(Job(lambda job: release.wait(30), loop, loop.create_future(), tenant="alice"))
+        while server.worker.busy_since is None:
+            time.sleep(0.01)
+        try:
+            with http(server, ALICE) as alice:
+                assert upload(alice, DOC).status_code == 202                 # takes alice's one queue place
+                refused = upload(alice, OTHER_DOC)
+                assert refused.status_code == 503                           # her queue and line are full
+                assert service.usage.used("tenants/alice") == n              # the refused one was given back
+        finally:
+            release.set()
+            loop.close()
+        client = server.client(ALICE)
+        client.files.create(file=("big.txt", b"x" * 3500), purpose="user_data")
+        with pytest.raises(openai.APIStatusError) as e:                     # files count toward store bytes
+            client.files.create(file=("more.txt", b"y" * 10), purpose="user_data")
+        assert e.value.status_code == 413 and "contexts and files" in e.value.message
+        with http(server, ALICE) as alice:
+            assert upload(alice, OTHER_DOC).status_code == 413

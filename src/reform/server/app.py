@@ -218,13 +218,17 @@ async def chat(request: Request):
     else:
         key, text, question = await service.plan(conv, req.context_id, tenant)
     tokens = 0 if text is None else (await service.key_of(text, tenant))[1]
-    if text is not None and service.will_encode(key):
+    charged = text is not None and service.will_encode(key)     # (a new document: its encode is charged)
+    if charged:
         await service.admit_encode(tenant, tokens)
     chat_job = ChatJob(service, req, conv, key, text, question, tokens, tenant)
     completion = Completion(service.model_id, key and public_id(key), service.metrics.streams)
     try:    # errors before the first token (unknown context, question too long) get a real status
         job = await service.enqueue(chat_job.put, lambda: still_wanted(request, deadline, settings.request_timeout),
                                     tenant)
+        if charged:
+            await service.settle(tenant, tokens, queued=True)
+            charged = False
         waiting = Waiting(job, request, deadline, settings.request_timeout)
         if not req.stream:
             try:
@@ -232,11 +236,12 @@ async def chat(request: Request):
             finally:
                 chat_job.done_waiting()
         first = await waiting.next_event(within=FIRST_EVENT_S)
-    except Cancelled:
+    except BaseException as e:
         chat_job.done_waiting()
-        return JSONResponse({}, status_code=499)
-    except BaseException:
-        chat_job.done_waiting()
+        if charged:              # refused or gone before the question was queued
+            await service.settle(tenant, tokens, queued=chat_job.started_encode)
+        if isinstance(e, Cancelled):
+            return JSONResponse({}, status_code=499)
         raise
     include_usage = req.stream_options is not None and bool(req.stream_options.include_usage)
     return StreamingResponse(completion.events(first, waiting, include_usage, lambda: service.worker.progress(key),
@@ -262,8 +267,12 @@ async def create_context(request: Request):
     try:
         await service.enqueue(lambda: service.worker.upload(key, text, n, tenant=tenant.name),
                               lambda: still_wanted(request, deadline, settings.request_timeout), tenant)
-    except Cancelled:
-        return JSONResponse({}, status_code=499)
+    except BaseException as e:
+        await service.settle(tenant, n, queued=False)        # nothing will be encoded
+        if isinstance(e, Cancelled):
+            return JSONResponse({}, status_code=499)
+        raise
+    await service.settle(tenant, n, queued=True)
     return JSONResponse(service.status_of(key).to_json(), status_code=202)
 
 
@@ -299,6 +308,7 @@ async def create_file(request: Request):
     if not isinstance(purpose, str) or not purpose:
         raise ApiError(400, "a 'purpose' is required (user_data, assistants, ...)", param="purpose")
     data, filename = await files[0].read(), files[0].filename or "the upload"
+    await service.check_store_bytes(tenant_of(request))
     await service.extract(data, filename)               # refused now, not at the first chat that names it
     return await run_in_threadpool(tenant_files.create, data, filename, purpose)
 

@@ -68,6 +68,10 @@ class FileStore:
                 continue
         return sorted(found, key=lambda m: m["created_at"], reverse=True)
 
+    def total_bytes(self) -> int:
+        """Bytes of every file here (their contents)."""
+        return sum(int(self.fs.info(path).get("size") or 0) for path in self.fs.glob(f"{self.root}/file-*.bin"))
+
     def delete(self, file_id: str) -> bool:
         removed = False
         for suffix in (".json", ".bin"):

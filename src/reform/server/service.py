@@ -173,25 +173,41 @@ class Service:
 
     async def admit_encode(self, tenant: Tenant, tokens: int) -> None:
         """Charge a new encode of ``tokens`` to ``tenant``: 413 while its store is at its quota of contexts or
-        bytes, 429 (``Retry-After``: the next UTC day) past its daily tokens."""
+        bytes, 429 (``Retry-After``: the next UTC day) past its daily tokens. Then ``settle`` it."""
         quotas = tenant.quotas
-        if quotas.contexts is not None or quotas.store_bytes is not None:
+        if quotas.contexts is not None:
             stored = await run_in_threadpool(self.worker.store.entries, tenant.scope)
-            if quotas.contexts is not None:
-                under_way = {s.id for s in self.worker.all_contexts(tenant.scope) if s.status in ("queued", "encoding")}
-                if len({e.key for e in stored} | under_way) >= quotas.contexts:
-                    raise self.refused(tenant, "contexts", 413, f"this key's store holds its quota of {quotas.contexts} "
-                                       "contexts; delete some (DELETE /v1/contexts/ID) to upload more")
-            if quotas.store_bytes is not None and (size := sum(e.bytes for e in stored)) >= quotas.store_bytes:
-                raise self.refused(tenant, "store_bytes", 413, f"this key's store holds {size} bytes, at its quota of "
-                                   f"{quotas.store_bytes}; delete contexts (DELETE /v1/contexts/ID) to upload more")
+            under_way = {s.id for s in self.worker.all_contexts(tenant.scope) if s.status in ("queued", "encoding")}
+            if len({e.key for e in stored} | under_way) >= quotas.contexts:
+                raise self.refused(tenant, "contexts", 413, f"this key's store holds its quota of {quotas.contexts} "
+                                   "contexts; delete some (DELETE /v1/contexts/ID) to upload more")
+        await self.check_store_bytes(tenant)
         total = await run_in_threadpool(self.usage.take, tenant.scope, tokens, quotas.daily_tokens)
         if total is None:
             wait = seconds_to_next_day()
             raise self.refused(tenant, "daily_tokens", 429, f"this context's {tokens} tokens would pass this key's quota "
                                f"of {quotas.daily_tokens} tokens encoded per day (UTC); retry in {wait} s",
                                headers={"Retry-After": str(wait)})
-        self.metrics.tenant_tokens.labels(tenant.name).inc(tokens)
+
+    async def check_store_bytes(self, tenant: Tenant) -> None:
+        """413 while ``tenant``'s saved contexts and files take its ``store_bytes`` quota or more."""
+        if (most := tenant.quotas.store_bytes) is None:
+            return
+        def size():
+            return (sum(e.bytes for e in self.worker.store.entries(tenant.scope))
+                    + self.files[tenant.name].total_bytes())
+        if (used := await run_in_threadpool(size)) >= most:
+            raise self.refused(tenant, "store_bytes", 413, f"this key's store holds {used} bytes of contexts and "
+                               f"files, at its quota of {most}; delete some (DELETE /v1/contexts/ID, "
+                               "/v1/files/ID) to upload more")
+
+    async def settle(self, tenant: Tenant, tokens: int, queued: bool) -> None:
+        """After ``admit_encode``: count the tokens of an encode that was queued, give back those of one that
+        never was (its request refused or gone first)."""
+        if queued:
+            self.metrics.tenant_tokens.labels(tenant.name).inc(tokens)
+        else:
+            await run_in_threadpool(self.usage.take, tenant.scope, -tokens, None)
 
     def refused(self, tenant: Tenant, quota: str, status: int, message: str, headers: dict | None = None) -> ApiError:
         self.metrics.tenant_refused.labels(tenant.name, quota).inc()
