@@ -295,8 +295,11 @@ def test_official_records_read_over_their_repositories(tmp_path):
     assert row.context.endswith("# file: pkg/main.py\n" + "\n".join(f"# line {i}" for i in range(12)) + "\n")
     assert row_score(row, "result = helper(value)\nmore") == 1.0
     assert row_score(row, "result = helper(valu)") == pytest.approx(1 - 1 / 22)
-    capped, = rev.load_rows(path, tmp_path / "repos", CharTokenizer(), max_length=260)
+    # the cap counts the target's lines in the context (110 characters here), not its whole file (198)
+    capped, = rev.load_rows(path, tmp_path / "repos", CharTokenizer(), max_length=180)
     assert "# file: pkg/lib.py" in capped.context and "other.py" not in capped.context   # nearest files first
+    roomier, = rev.load_rows(path, tmp_path / "repos", CharTokenizer(), max_length=200)
+    assert "# file: other.py" in roomier.context
     path.write_text(json.dumps({**task, "metadata": {**task["metadata"], "line_no": 99}}) + "\n")
     with pytest.raises(ValueError, match="line 1: line_no 99 and context_start_lineno 12 do not fit"):
         rev.load_rows(path, tmp_path / "repos", CharTokenizer())

@@ -73,10 +73,13 @@ def repository_context(files: dict[str, str], target: str, head: str) -> str:
     return "\n\n".join(parts + [f"# file: {target}\n{head}"])
 
 
-def nearest_files(files: dict[str, str], target: str, tokens: dict[str, int], max_length: int) -> dict[str, str]:
+def nearest_files(files: dict[str, str], target: str, tokens: dict[str, int], max_length: int,
+                  head_tokens: int = 0) -> dict[str, str]:
     """The other files nearest the target in the folder tree (most path components in common, then by
-    path) while their tokens fit ``max_length``: a repository larger than the context a run can afford is
-    cut by distance from the file being completed, never by what the answer needs."""
+    path) while their tokens and the target's ``head_tokens`` (its lines in the context) fit
+    ``max_length``: a repository larger than the context a run can afford is cut by distance from the file
+    being completed, never by what the answer needs. (Counting the target's whole file instead left
+    contexts far below the cap beside a large target: 21k tokens of a 32k cap.)"""
     def shared(path: str) -> int:
         common = 0
         for a, b in zip(path.split("/")[:-1], target.split("/")[:-1]):
@@ -84,7 +87,7 @@ def nearest_files(files: dict[str, str], target: str, tokens: dict[str, int], ma
                 break
             common += 1
         return common
-    kept, used = {}, tokens.get(target, 0)
+    kept, used = {}, head_tokens
     for path in sorted((p for p in files if p != target), key=lambda p: (-shared(p), p)):
         if used + tokens[path] > max_length:
             continue
@@ -111,7 +114,8 @@ def task_row(task: dict, files: dict[str, str], level: str, sample: int, tokeniz
                          f"({len(lines)} lines)")
     head = "\n".join(lines[:start]) + ("\n" if start else "")
     if max_length is not None:
-        files = nearest_files(files, target, tokens or file_tokens(files, tokenizer), max_length)
+        files = nearest_files(files, target, tokens or file_tokens(files, tokenizer), max_length,
+                              token_count(tokenizer, head))
     context = repository_context(files, target, head)
     prompt = task["prompt"]
     if not prompt.strip():
