@@ -113,10 +113,10 @@ class Tenants:
         scheme, _, given = authorization.partition(" ")
         digest = hashlib.sha256(given.strip().encode("utf-8", "surrogateescape")).digest()
         found = None
-        for known, tenant in self._digests:
-            if hmac.compare_digest(digest, known) and scheme.lower() == "bearer":
+        for known, tenant in self._digests:      # no early exit: every key costs the same
+            if hmac.compare_digest(digest, known):
                 found = tenant
-        return found
+        return found if scheme.lower() == "bearer" else None
 
     def names(self) -> list[str]:
         return [t.name for t in self.all]
