@@ -56,7 +56,7 @@ def encode(args) -> None:
         ctx = pipe.encode(row.context, checkpoint=checkpoint)
         seconds = ctx.encode_seconds      # the runs before an interruption included
         ctx.save(folder / f"{name}.reform")
-        meta = {"id": row.id, "file": f"{name}.reform", "suite": args.suite, "depth": row.depth, "task": row.task,
+        meta = {"id": row.id, "file": f"{name}.reform", "suite": args.suite, "seed": args.seed, "depth": row.depth, "task": row.task,
                 "length": row.length, "sample": row.sample,
                 "question": row.question, "answer_prefix": row.answer_prefix, "golds": evidence(row),
                 "encode_s": round(seconds, 1), "resumed": checkpoint.spent_before > 0, "tokens": int(ctx.ids.shape[0]),
@@ -144,11 +144,12 @@ def answer_rows(pipe, metas: list[dict]) -> dict:
     """The rows behind the saved contexts (regenerated: same seed, same rows), by id."""
     wanted = {m["id"] for m in metas}
     found = {}
-    for suite, task, length in sorted({(m.get("suite", "ruler"), m["task"].split("/")[-1], m["length"]) for m in metas}):
-        mine = [m for m in metas if m.get("suite", "ruler") == suite and m["task"].split("/")[-1] == task
-                and m["length"] == length]
+    for suite, seed, task, length in sorted({(m.get("suite", "ruler"), m.get("seed", 0), m["task"].split("/")[-1],
+                                              m["length"]) for m in metas}):
+        mine = [m for m in metas if (m.get("suite", "ruler"), m.get("seed", 0), m["task"].split("/")[-1],
+                                     m["length"]) == (suite, seed, task, length)]
         depths = sorted({m["depth"] for m in mine}) if suite == "niah" else None
-        for row in make_rows(suite, pipe.tokenizer, [length], 1 + max(m["sample"] for m in mine), tasks=[task],
+        for row in make_rows(suite, pipe.tokenizer, [length], 1 + max(m["sample"] for m in mine), seed=seed, tasks=[task],
                              depths=depths):
             if row.id in wanted:
                 found[row.id] = row
@@ -231,7 +232,7 @@ def main() -> None:
     ap.add_argument("--contexts", required=True, help="folder of saved contexts (and rows.jsonl)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--lengths", default="64k")
-    ap.add_argument("--suite", default="ruler", choices=["ruler", "niah"], help="rows of `reform eval SUITE`")
+    ap.add_argument("--suite", default="ruler", choices=["ruler", "niah", "babilong"], help="rows of `reform eval SUITE`")
     ap.add_argument("--tasks", default="niah_multikey_3,vt")
     ap.add_argument("--depths", default=None, help="needle depths 0..1 for --suite niah (default: the suite's)")
     ap.add_argument("--samples", type=int, default=5)

@@ -222,3 +222,24 @@ def test_recall_lab_answers_each_variant_from_its_own_gather(monkeypatch):
     monkeypatch.setattr(type(ctx.method), "start", spy)
     lab.answer(ctx, row, ["head100"], pipe.tokenizer.decode(ctx.ids.tolist()))
     assert torch.equal(kept[1].cpu(), torch.arange(100)) and not torch.equal(kept[0].cpu(), torch.arange(100))
+
+
+def test_recall_lab_answers_rows_drawn_with_another_seed():
+    """scripts/recall_lab.py regenerates the rows behind saved contexts to answer them: rows encoded with
+    ``--seed 1`` come back as those rows (same ids, same text), not as seed 0's."""
+    import importlib.util
+    import sys
+    sys.path.insert(0, "tests")
+    from conftest import CharTokenizer
+    from reform.eval.tasks import make_rows
+    spec = importlib.util.spec_from_file_location("recall_lab", "scripts/recall_lab.py")
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    tok = CharTokenizer()
+    drawn = make_rows("ruler", tok, [3000], 2, seed=1, tasks=["niah_single_1", "vt"])
+    assert {r.id for r in drawn}.isdisjoint(r.id for r in make_rows("ruler", tok, [3000], 2, seed=0,
+                                                                     tasks=["niah_single_1", "vt"]))
+    metas = [{"id": r.id, "suite": "ruler", "seed": 1, "task": r.task, "length": r.length, "sample": r.sample}
+             for r in drawn]
+    found = lab.answer_rows(type("P", (), {"tokenizer": tok})(), metas)
+    assert {i: r.context for i, r in found.items()} == {r.id: r.context for r in drawn}

@@ -129,4 +129,7 @@ VARIANTS = {"paper": paper, "rounds2": rounds2,
             **{f"forcedpeaks{k}": (lambda k: lambda ctx, part: forced_peaks(ctx, part, k))(k) for k in (1, 2)},
             "rag": lambda ctx, part: with_rag(ctx, part, 0), "ragpeaks1": lambda ctx, part: with_rag(ctx, part, 1),
             "ragboth": lambda ctx, part: with_rag(ctx, part, 0, retriever="dense+bm25"),
-            "ragbothpool": lambda ctx, part: with_rag(ctx, part, 0, retriever="dense+bm25", pool_passages=True)}
+            "ragbothpool": lambda ctx, part: with_rag(ctx, part, 0, retriever="dense+bm25", pool_passages=True),
+            # the pooled documents mix with less weight on the retrievers (0.3 against the default 0.5)
+            "ragbothpool.3": lambda ctx, part: with_rag(ctx, part, 0, retriever="dense+bm25", pool_passages=True,
+                                                        weight=0.3)}
