@@ -69,6 +69,19 @@ def test_ordered_runs_reward_pieces_in_the_question_order():
     assert ordered_run_scores(context, query, 50).shape == (n,)             # a run longer than the question
 
 
+def test_ordered_run_scores_equal_their_definition_on_random_states():
+    """Every token's score is the best mean of ``run`` diagonal similarities (context t+k against question
+    j+k) over the runs covering it, whatever the block size (blocks overlap by ``run - 1`` tokens)."""
+    from reform.methods.reform import ordered_run_scores
+    g = torch.Generator().manual_seed(0)
+    context, query = F.normalize(torch.randn(37, 8, generator=g), dim=-1), F.normalize(torch.randn(9, 8, generator=g), dim=-1)
+    sim, run = context @ query.T, 4
+    starts = [max(sum(sim[t + k, j + k] for k in range(run)) / run for j in range(9 - run + 1)) for t in range(37 - run + 1)]
+    expected = torch.stack([max(starts[max(0, t - run + 1):t + 1]) for t in range(37)])
+    for block in (1, 5, 16, 1 << 13):
+        assert torch.allclose(ordered_run_scores(context, query, run, block=block), expected, atol=1e-6)
+
+
 def test_gather_variants_keep_the_budget_and_the_ends():
     import sys
     sys.path.insert(0, "tests")

@@ -63,7 +63,7 @@ def query_offsets(context: torch.Tensor, query: torch.Tensor, quantile: float, s
     return torch.quantile(picked.float() @ query.float().T, quantile, dim=0)
 
 
-def ordered_run_scores(context: torch.Tensor, query: torch.Tensor, run: int, block: int = 1 << 16) -> torch.Tensor:
+def ordered_run_scores(context: torch.Tensor, query: torch.Tensor, run: int, block: int = 1 << 13) -> torch.Tensor:
     """Per context token: the best mean score of ``run`` consecutive context tokens against as many
     consecutive question tokens in the same order (context token t+k against question token j+k), among
     the runs that cover it. Scores are on ``token_scores``' scale. Blockwise over N (a block reads
@@ -75,8 +75,10 @@ def ordered_run_scores(context: torch.Tensor, query: torch.Tensor, run: int, blo
     for s in range(0, n - run + 1, block):
         sim = context[s:s + block + run - 1].float() @ qt                      # [b + run - 1, Q]
         b = sim.shape[0] - run + 1
-        diag = sum(sim[k:k + b, k:q - run + 1 + k] for k in range(run)) / run  # [b, Q - run + 1]
-        starts[s:s + b] = diag.amax(dim=1)
+        diag = sim[:b, :q - run + 1].clone()                                   # [b, Q - run + 1]
+        for k in range(1, run):     # summed in place: one buffer, not a new [b, Q] tensor per step
+            diag += sim[k:k + b, k:q - run + 1 + k]
+        starts[s:s + b] = diag.amax(dim=1) / run    # the max commutes with the division: the same floats
     # a token takes the best run covering it: the max over the runs starting up to run - 1 tokens before
     padded = F.pad(starts, (run - 1, run - 1), value=float("-inf"))
     return F.max_pool1d(padded[None, None], run, 1)[0, 0]
