@@ -144,10 +144,10 @@ def answer_rows(pipe, metas: list[dict]) -> dict:
     """The rows behind the saved contexts (regenerated: same seed, same rows), by id."""
     wanted = {m["id"] for m in metas}
     found = {}
-    for suite, seed, task, length in sorted({(m.get("suite", "ruler"), m.get("seed", 0), m["task"].split("/")[-1],
-                                              m["length"]) for m in metas}):
-        mine = [m for m in metas if (m.get("suite", "ruler"), m.get("seed", 0), m["task"].split("/")[-1],
-                                     m["length"]) == (suite, seed, task, length)]
+    def drawn(m: dict) -> tuple:      # what a row was generated from (rows before seeds were kept: seed 0)
+        return m.get("suite", "ruler"), m.get("seed", 0), m["task"].split("/")[-1], m["length"]
+    for suite, seed, task, length in sorted({drawn(m) for m in metas}):
+        mine = [m for m in metas if drawn(m) == (suite, seed, task, length)]
         depths = sorted({m["depth"] for m in mine}) if suite == "niah" else None
         for row in make_rows(suite, pipe.tokenizer, [length], 1 + max(m["sample"] for m in mine), seed=seed, tasks=[task],
                              depths=depths):
