@@ -19,24 +19,24 @@ from conftest import CharTokenizer
 OPTIONS = ["Paris", "Rome", "Oslo", "Bern"]
 EXAMPLES = {      # one example per task in the official schema, answers in the types the released files use
     "passkey": {"context": "noise\nThe pass key is 71432. Remember it. 71432 is the pass key.\nnoise",
-                "input": "What is the pass key?", "answer": "71432"},
+                "input": "What is the pass key?", "answer": ["71432"]},
     "number_string": {"context": "The sequence of digits is 1123456789.", "input": "What is the sequence of digits?",
                       "answer": ["1123456789"]},
     "kv_retrieval": {"context": 'JSON data:\n{"k1": "v1", "k2": "v2"}',
-                     "input": '\nKey: "k2"\nThe value associated with the specified key is: ', "answer": "v2"},
+                     "input": '\nKey: "k2"\nThe value associated with the specified key is: ', "answer": ["v2"]},
     "longbook_sum_eng": {"context": "A long book.", "input": "", "answer": ["A short summary."]},
     "longbook_choice_eng": {"context": "A book about France.", "input": "Where is the tower?", "answer": ["Paris"],
                             "options": OPTIONS},
     "longbook_qa_eng": {"context": "A book.", "input": "Who rowed?", "answer": ["The old man"]},
     "longbook_qa_chn": {"context": "一本书。", "input": "谁划船？", "answer": ["老人"]},
     "longdialogue_qa_eng": {"context": "JOHN: hi\n$$MASK$$: hello", "input": "", "answer": ["MARY"]},
-    "math_find": {"context": "[3, 9, 1]", "answer": 9,
+    "math_find": {"context": "[3, 9, 1]", "answer": [9],
                   "input": "You should answer with only one number, no other words. The largest number of the list is: "},
-    "math_calc": {"context": "1 + 3 - 2", "input": "The value of the numerical expression is: ", "answer": [4, 2]},
-    "code_run": {"context": "def func_1(x):\n    return x + 2\n", "answer": 5,
+    "math_calc": {"context": "1 + 3 - 2", "input": "The value of the numerical expression is: ", "answer": [[4, 2]]},
+    "code_run": {"context": "def func_1(x):\n    return x + 2\n", "answer": [5],
                  "input": "Please give me the exact number of the return value of func_1(3). Your response should "
                           "end with the sentence 'The return value is:'."},
-    "code_debug": {"context": "def a(): pass", "input": "", "answer": "b_func", "options": ["a", "b_func", "c", "d"]},
+    "code_debug": {"context": "def a(): pass", "input": "", "answer": ["b_func"], "options": ["a", "b_func", "c", "d"]},
 }
 
 
@@ -83,6 +83,44 @@ def test_scorers_follow_the_official_code():
     assert ib.score("code_debug", "B. b_func", ["b_func", "B"]) == 1.0
     assert ib.score("code_debug", "The correct option is: b_func", ["b_func", "B"]) == 1.0
     assert ib.score("code_debug", "b_func", ["b_func", "B"]) == 0.0           # no answer phrase, no letter
+
+
+UUID_KEY, UUID_VALUE = "2a8d601d-1d69-4e64-9f90-8ad825a74195", "15f2cd71-92af-4f03-907b-ef95f9810e12"
+KV_CONTEXT = f'JSON data:\n{{"0b0a3b7e-68ee-4a8c-bd5b-2ed6ca0bd9a5": "9d2d1c0b-30b3-4b6b-8f3b-6c1d6f4f7b71", "{UUID_KEY}": "{UUID_VALUE}"}}'
+
+
+def test_official_label_shapes_score_and_evidence_as_the_official_code():
+    """The released files' answers: a list for every task, [fn_name, letter] for Code.Debug after get_answer,
+    nested lists for Math.Calc; a right prediction scores 1, a wrong one 0, as get_score_one does."""
+    right = {"passkey": ("71432", ["71432"]), "number_string": ("1123456789", ["1123456789"]),
+             "kv_retrieval": (f"{UUID_VALUE} is the value. The key", [UUID_VALUE]),
+             "math_find": ("9", [9]), "math_calc": ("4, 2", [[4, 2]]), "code_run": ("The return value is: 5", [5]),
+             "code_debug": ("B. b_func", ["b_func", "B"]), "longbook_choice_eng": ("A. Paris", ["Paris", "A"]),
+             "longbook_qa_eng": ("the old man", ["The old man"]), "longbook_qa_chn": ("老人", ["老人"]),
+             "longdialogue_qa_eng": ("Mary", ["MARY"]), "longbook_sum_eng": ("A short summary.", ["A short summary."])}
+    assert set(right) == set(ib.TASKS)
+    for task, (prediction, label) in right.items():
+        assert ib.score(task, prediction, label) == 1.0, task
+        assert ib.score(task, "0", label) == 0.0, task
+    assert ib.score("kv_retrieval", UUID_VALUE[:-1], [UUID_VALUE]) == 0.0
+    assert ib.score("math_find", "9", ["9"]) == 1.0 and ib.score("code_run", "is: -3", ["-3"]) == 1.0   # Hub strings
+    with pytest.raises(TypeError, match="must be a number"):
+        ib.score("math_find", "9", ["nine"])
+    example = {"context": KV_CONTEXT, "input": f'\nKey: "{UUID_KEY}"\nThe value associated with the specified key is: ',
+               "answer": [UUID_VALUE], "options": []}
+    label = ib.official_label(example, "kv_retrieval")
+    assert ib.evidence(example, "kv_retrieval", label) == [f'"{UUID_KEY}": "{UUID_VALUE}"']
+    assert ib.evidence(example, "kv_retrieval", label)[0] in example["context"]    # the pair as the context has it
+
+
+def test_kv_retrieval_row_from_an_official_file_scores_a_right_uuid(tmp_path):
+    example = {"id": 0, "context": KV_CONTEXT, "answer": [UUID_VALUE], "options": [],
+               "input": f'\nKey: "{UUID_KEY}"\nThe value associated with the specified key is: '}
+    (tmp_path / "kv_retrieval.jsonl").write_text(json.dumps(example) + "\n")
+    row, = ib.load_rows(tmp_path, CharTokenizer(), ["kv_retrieval"])
+    assert row.answers == [UUID_VALUE] and row.meta["evidence"][0] in row.context
+    assert row_score(row, f"{UUID_VALUE}\n\nKey: more text the model went on with") == 1.0
+    assert row_score(row, "9d2d1c0b-30b3-4b6b-8f3b-6c1d6f4f7b71") == 0.0
 
 
 def write_files(folder, examples):
@@ -142,16 +180,18 @@ def test_generated_tasks_are_right_by_independent_checks(tmp_path):
     paths = ib.generate(tmp_path, 4096, 5, seed=1)
     assert sorted(p.stem for p in paths) == sorted(ib.SYNTHETIC)
     files = {p.stem: [json.loads(line) for line in p.read_text().splitlines()] for p in paths}
-    for e in files["passkey"]:
-        assert re.fullmatch(r"\d{5}", e["answer"]) and e["context"].count(e["answer"]) == 2
-    assert [e["context"].index(e["answer"]) / len(e["context"]) for e in files["passkey"]][0] < 0.01   # depth 0 first
-    for e in files["number_string"]:
-        assert re.fullmatch(r"\d{10}", e["answer"]) and f"The sequence of digits is {e['answer']}." in e["context"]
-    for e in files["kv_retrieval"]:
+    assert all(isinstance(e["answer"], list) and len(e["answer"]) == 1 for examples in files.values() for e in examples)
+    answers = {task: [e["answer"][0] for e in examples] for task, examples in files.items()}   # the released shape
+    for e, key in zip(files["passkey"], answers["passkey"]):
+        assert re.fullmatch(r"\d{5}", key) and e["context"].count(key) == 2
+    assert files["passkey"][0]["context"].index(answers["passkey"][0]) / len(files["passkey"][0]["context"]) < 0.01
+    for e, key in zip(files["number_string"], answers["number_string"]):
+        assert re.fullmatch(r"\d{10}", key) and f"The sequence of digits is {key}." in e["context"]
+    for e, value in zip(files["kv_retrieval"], answers["kv_retrieval"]):
         pairs = json.loads(e["context"].removeprefix("JSON data:\n"))
         key = re.search(r'Key: "([^"]+)"', e["input"]).group(1)
-        assert pairs[key] == e["answer"] and len(set(pairs.values())) == len(pairs)
-    for e in files["math_find"]:
+        assert pairs[key] == value and len(set(pairs.values())) == len(pairs)
+    for e, answer in zip(files["math_find"], answers["math_find"]):
         values = json.loads(e["context"])
         target = re.search(r"The (.+) of the list", e["input"]).group(1)
         distinct = sorted(set(values))
@@ -159,14 +199,14 @@ def test_generated_tasks_are_right_by_independent_checks(tmp_path):
                 "third largest number": distinct[-3], "smallest number": distinct[0],
                 "second smallest number": distinct[1], "third smallest number": distinct[2],
                 "median number": statistics.median(values)}[target]
-        assert e["answer"] == want, target
-    for e in files["math_calc"]:
-        assert e["answer"] == follow_expression(e["context"]) and min(e["answer"]) >= 0
-    for e in files["code_run"]:
+        assert answer == want, target
+    for e, steps in zip(files["math_calc"], answers["math_calc"]):          # nested: [[4, 2]]
+        assert steps == follow_expression(e["context"]) and min(steps) >= 0
+    for e, value in zip(files["code_run"], answers["code_run"]):
         namespace = {}
         exec(e["context"].split(":\n\n", 1)[1], namespace)       # the functions, run by Python itself
         call = re.search(r"(func_\d+)\((-?\d+)\)", e["input"])
-        assert namespace[call.group(1)](int(call.group(2))) == e["answer"]
+        assert namespace[call.group(1)](int(call.group(2))) == value
     assert ib.generate(tmp_path / "again", 4096, 5, seed=1)[0].read_text() == paths[0].read_text()   # by seed
 
 
@@ -175,8 +215,8 @@ def test_generated_rows_score_their_own_answer_and_not_another(tmp_path):
     rows = ib.load_rows(tmp_path, CharTokenizer(), ["passkey", "kv_retrieval", "math_find", "code_run",
                                                    "number_string"])
     for row in rows:
-        label = row.meta["label"]
-        assert row_score(row, f" {label}") == 1.0, row.task
+        assert isinstance(row.meta["label"], list)
+        assert row_score(row, f" {row.answers[0]}") == 1.0, row.task
         assert row_score(row, " 0") == 0.0, row.task
 
 

@@ -14,7 +14,12 @@ Everything that decides a score is the official code's, from github.com/OpenBMB/
 * the generation lengths: ``DATA_NAME_TO_MAX_NEW_TOKENS`` of ``src/eval_utils.py``;
 * the scorers: ``get_score_one_*`` of ``src/compute_scores.py``, including their quirks (an En.MC answer
   that starts with ``(`` scores 0). En.Sum's ROUGE-Lsum comes from ``rouge-score``, the library under
-  Hugging Face ``evaluate``'s ``rouge`` that the official code calls.
+  Hugging Face ``evaluate``'s ``rouge`` that the official code calls. The released files hold every answer
+  in a list (``["71432"]``, ``[[4, 2]]`` for Math.Calc); each scorer takes its label's first item as
+  ``get_score_one_passkey`` does, Retrieve.KV's included: the released ``get_score_one_kv_retrieval`` tests
+  the list itself against the words and scores every row 0 (fixed so in InfiniteBench's pull request 23
+  and the forks that run it, MInference's and InfLLM's). A number written as a string (files converted from
+  the Hub's string-typed columns) is read as the number.
 
 Methods that read a window's worth (``truncate``) keep the start and the end, the official middle
 truncation (``truncate_input(..., manner="middle")``).
@@ -121,6 +126,26 @@ def as_list(label) -> list:
     return label if isinstance(label, list) else [label]
 
 
+def first(label):
+    """``if isinstance(label, list): label = label[0]``, the official scorers' first line."""
+    return label[0] if isinstance(label, list) and label else label
+
+
+def as_number(label) -> int | float:
+    """A numeric label as the number it names; ``"42"`` and ``"4.5"`` as 42 and 4.5."""
+    if isinstance(label, str):
+        try:
+            return int(label)
+        except ValueError:
+            try:
+                return float(label)
+            except ValueError:
+                pass
+    if isinstance(label, bool) or not isinstance(label, (int, float)):
+        raise TypeError(f"the label must be a number, got {label!r}")
+    return label
+
+
 def qa_f1(pred: str, label) -> float:
     """En.QA: the best token F1 over the gold answers, after SQuAD's normalisation."""
     return max(token_f1(normalize_answer(pred).split(), normalize_answer(g).split()) for g in as_list(label))
@@ -143,17 +168,17 @@ def words_after(pred: str, chars: str) -> list[str]:
 
 def score_digits(pred: str, label) -> float:
     """passkey and number_string: the prediction's first run of digits is the label."""
-    return float(as_list(label)[0] == first_int(pred))
+    return float(str(first(label)) == first_int(pred))
 
 
 def score_kv(pred: str, label) -> float:
-    return float(label in words_after(pred, "\n:\"'.,?!{}"))
+    return float(str(first(label)) in words_after(pred, "\n:\"'.,?!{}"))
 
 
 def score_code_run(pred: str, label) -> float:
     words = words_after(pred.strip(), "\n.`'\":")
     try:
-        return float(bool(words) and as_list(label)[0] == int(words[-1]))
+        return float(bool(words) and as_number(first(label)) == int(words[-1]))
     except ValueError:
         return 0.0
 
@@ -187,10 +212,8 @@ def score_code_debug(pred: str, label) -> float:
 
 
 def score_math_find(pred: str, label) -> float:
-    label = as_list(label)[0]
+    label = as_number(first(label))
     found = re.search(r"\d+\.\d+|\d+", pred)
-    if isinstance(label, bool) or not isinstance(label, (int, float)):
-        raise TypeError(f"math_find's label must be a number, got {type(label).__name__}")
     if found is None:
         return 0.0
     if isinstance(label, int):       # the official int("4.5") raises on such a prediction: it scores 0 here
@@ -199,7 +222,7 @@ def score_math_find(pred: str, label) -> float:
 
 
 def score_dialogue(pred: str, label) -> float:
-    return float(as_list(label)[0] in [w.upper() for w in words_after(pred.strip(), "\n:\"'.,?!{}")])
+    return float(first(label) in [w.upper() for w in words_after(pred.strip(), "\n:\"'.,?!{}")])
 
 
 def score_choice(pred: str, label) -> float:
@@ -225,9 +248,14 @@ def score_sum(pred: str, label) -> float:
     return max(scorer.score(g, pred)["rougeLsum"].fmeasure for g in as_list(label))
 
 
+def calc_values(label) -> list[int]:
+    """Math.Calc's intermediate values, from ``[[4, 2]]`` as the released files nest them or ``[4, 2]``."""
+    return label[0] if label and isinstance(label[0], list) else label
+
+
 def score_math_calc(pred: str, label) -> float:
     """Math.Calc: the share of intermediate values right before the first wrong one (a non-GPT-4 model)."""
-    label = label[0] if isinstance(label[0], list) else label
+    label = calc_values(label)
     numbers = [int(item) for item in re.split("[^0-9]", pred) if item]
     right = 0
     for want, got in zip(label, numbers):
@@ -254,19 +282,19 @@ def evidence(example: dict, task: str, label) -> list[str]:
     option's text; elsewhere the answers themselves (checked only where they occur once)."""
     context = example["context"]
     if task in ("passkey", "number_string"):
-        line = next((ln for ln in context.split("\n") if str(as_list(label)[0]) in ln), "")
+        line = next((ln for ln in context.split("\n") if str(first(label)) in ln), "")
         return [line] if line else []
     if task == "kv_retrieval":
         key = re.search(r'Key: "([^"]+)"', example["input"])
-        return [f'"{key.group(1)}": "{label}"'] if key else []
+        return [f'"{key.group(1)}": "{first(label)}"'] if key else []
     if task in ("code_debug", "longbook_choice_eng"):
         return [label[0]]
     return []
 
 
-def as_answers(label) -> list[str]:
-    if isinstance(label, list) and label and all(isinstance(x, int) for x in label):
-        return [", ".join(map(str, label))]                 # math_calc's intermediate values
+def as_answers(label, task: str) -> list[str]:
+    if task == "math_calc":
+        return [", ".join(map(str, calc_values(label)))]     # the intermediate values as one answer
     return [str(x) for x in as_list(label)] or [""]
 
 
@@ -307,7 +335,7 @@ def load_rows(data_dir: str | Path, tokenizer, tasks: list[str] | None = None, s
                 context, question, prefix = split_prompt(example, task)
             except (ValueError, KeyError, TypeError) as e:
                 raise BenchmarkFileError(f"{path} example {example['id']}: {e}") from None
-            rows.append(Row(context=context, question=question, answers=as_answers(label),
+            rows.append(Row(context=context, question=question, answers=as_answers(label, task),
                             task=f"infinitebench/{task}", length=token_count(tokenizer, context), answer_prefix=prefix,
                             max_new_tokens=MAX_NEW_TOKENS[task], sample=i, layout="verbatim",
                             meta={"metric": "infinitebench", "label": label, "id": example["id"],
@@ -469,7 +497,8 @@ MAKERS = {"passkey": make_passkey, "number_string": make_number_string, "kv_retr
 
 def generate(out_dir: str | Path, length: int, samples: int, seed: int = 0, tasks: list[str] | None = None) -> list[Path]:
     """Write ``TASK.jsonl`` for each synthetic task (all six by default) at about ``length`` tokens, ``samples``
-    examples each, deterministically by ``seed``; returns the files written."""
+    examples each, deterministically by ``seed``, answers in the released files' shape; returns the files
+    written."""
     chosen = list(SYNTHETIC) if not tasks else tasks
     unknown = [t for t in chosen if t not in SYNTHETIC]
     if unknown:
@@ -482,7 +511,9 @@ def generate(out_dir: str | Path, length: int, samples: int, seed: int = 0, task
     written = []
     for task in chosen:
         rng = random.Random(f"{seed}-{task}-{length}")
-        examples = [{"id": i, "options": [], **e} for i, e in enumerate(MAKERS[task](rng, length, samples))]
+        # every answer in a list, as the released files have them (Math.Calc's values nested: [[4, 2]])
+        examples = [{"id": i, "options": [], **e, "answer": [e["answer"]]}
+                    for i, e in enumerate(MAKERS[task](rng, length, samples))]
         path = out_dir / f"{task}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples), encoding="utf-8")
