@@ -16,7 +16,7 @@ import uvicorn
 
 from reform.pipeline import Pipeline
 from reform.server import Settings, build_app
-from reform.server.worker import Job
+from reform.server.scheduler import Job
 
 from conftest import WINDOW, CharTokenizer, tiny
 
@@ -90,7 +90,7 @@ def test_chat_plain_and_streamed_equal_the_library(live):
     assert text.strip() == expected.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
     assert chunks[-1].usage.completion_tokens == len(expected.tokens)
-    assert live.worker.encoded == 1                   # the re-sent document was not encoded again
+    assert live.worker.contexts.encoded == 1                   # the re-sent document was not encoded again
 
 
 def test_raw_stream_ends_with_done(live):
@@ -108,7 +108,7 @@ def test_later_turns_ride_with_the_question_and_the_document_is_encoded_once(liv
                         {"role": "user", "content": "And the cat?"}]
     second = chat(client, turns)
     assert second.model_extra["reform"]["context_id"] == first.model_extra["reform"]["context_id"]
-    assert second.model_extra["reform"]["encoded"] is False and live.worker.encoded == 1
+    assert second.model_extra["reform"]["encoded"] is False and live.worker.contexts.encoded == 1
 
 
 def test_contexts_api(live):
@@ -128,7 +128,7 @@ def test_contexts_api(live):
         assert [c["id"] for c in http.get("/v1/contexts").json()["data"]] == [key]
         answer = live.client().chat.completions.create(model="reform", max_tokens=10, extra_body={"context_id": key},
                                                        messages=[{"role": "user", "content": QUESTION}])
-        assert answer.model_extra["reform"]["encoded"] is False and live.worker.encoded == 1
+        assert answer.model_extra["reform"]["encoded"] is False and live.worker.contexts.encoded == 1
         assert http.delete(f"/v1/contexts/{key}").json()["deleted"] is True
         assert http.get(f"/v1/contexts/{key}").status_code == 404
         assert http.delete(f"/v1/contexts/{key}").status_code == 404
@@ -191,7 +191,7 @@ def test_eight_concurrent_clients_are_all_answered(live):
         if t is None:
             t = "".join(c.choices[0].delta.content or "" for c in a if c.choices).strip()
         assert t == expected
-    assert live.worker.encoded == 1 and httpx.get(f"{live.url}/health").json()["status"] == "ok"
+    assert live.worker.contexts.encoded == 1 and httpx.get(f"{live.url}/health").json()["status"] == "ok"
 
 
 def test_restart_answers_from_the_store_without_encoding(store):
@@ -204,12 +204,12 @@ def test_restart_answers_from_the_store_without_encoding(store):
     with LiveServer(pipe, store) as second:
         r = chat(second.client(), DOC_CHAT)
         assert r.choices[0].message.content == before and r.model_extra["reform"]["encoded"] is False
-        assert r.model_extra["reform"]["stats"]["load"] >= 0 and encodes == [] and second.worker.encoded == 0
+        assert r.model_extra["reform"]["stats"]["load"] >= 0 and encodes == [] and second.worker.contexts.encoded == 0
 
 
 def test_corrupted_context_file_is_a_clear_error_and_the_server_keeps_serving(live):
     key = chat(live.client(), DOC_CHAT).model_extra["reform"]["context_id"]
-    live.worker.loaded.clear()
+    live.worker.contexts.loaded.clear()
     path = live.worker.store.path(key)
     data = bytearray(path.read_bytes())
     data[-50] ^= 0xFF
@@ -273,13 +273,13 @@ def test_full_queue_serves_waiting_requests_in_arrival_order(store):
             time.sleep(0.01)
         client, order = server.client(), []
         question = lambda i: [{"role": "user", "content": f"Question {i}: what is a fox?"}]
-        execute = server.worker._execute
+        execute = server.worker.execute
 
         def started(job):       # the order the model thread takes them up (answers then decode together)
-            if hasattr(job.fn, "__self__"):
+            if hasattr(job.fn, "__self__") and job.runner is None:
                 order.append(int(job.fn.__self__.question.split()[1].rstrip(":")))
             return execute(job)
-        server.worker._execute = started
+        server.worker.execute = started
         ask = lambda i: chat(client, question(i), max_tokens=3)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = []
@@ -309,7 +309,7 @@ def test_question_alone_is_answered_by_the_model_without_a_context(live):
     r = chat(live.client(), [{"role": "user", "content": QUESTION}], max_tokens=8)
     expected = pipe.without_context().ask(QUESTION, max_new_tokens=8)
     assert r.choices[0].message.content == expected.text
-    assert r.model_extra["reform"]["context_id"] is None and live.worker.encoded == 0
+    assert r.model_extra["reform"]["context_id"] is None and live.worker.contexts.encoded == 0
     prompt = pipe.templater.prefix + pipe.templater.question(QUESTION, after_context=False).ids
     with torch.no_grad():
         out = pipe.engine.model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
@@ -350,7 +350,7 @@ def test_questions_do_not_wait_behind_an_encode(store):
             assert answer.model_extra["reform"]["encoded"] is False
             assert not waiting.done()
             assert waiting.result().choices[0].message.content == expected_long
-        assert http.get(f"/v1/contexts/{key}").json()["status"] == "ready" and server.worker.encoded == 2
+        assert http.get(f"/v1/contexts/{key}").json()["status"] == "ready" and server.worker.contexts.encoded == 2
     restored = make_pipe().load_context(store / f"{key}.reform")
     assert restored.ask(QUESTION, max_new_tokens=10).text == expected_long
 
@@ -455,7 +455,7 @@ def test_two_servers_on_one_store_see_each_others_encodes(store):
         answer = b.client().chat.completions.create(model="reform", max_tokens=10, extra_body={"context_id": key},
                                                     messages=[{"role": "user", "content": QUESTION}])
         assert answer.choices[0].message.content == expected
-        assert a.worker.encoded == 1 and b.worker.encoded == 0
+        assert a.worker.contexts.encoded == 1 and b.worker.contexts.encoded == 0
         assert not any(p.name.endswith(".status.json") for p in store.iterdir())     # dropped once stored
         other = "f" * 32          # a note left by a replica that died mid-encode
         (store / f"{other}.status.json").write_text(json.dumps({"status": "encoding", "tokens": 5, "updated": 0}))
@@ -554,7 +554,7 @@ def test_reupload_replaces_a_corrupted_or_truncated_context(live):
             text = f"{damage}: " + DOC
             key = http.post("/v1/contexts", json={"text": text}).json()["id"]
             wait_status(http, key, "ready")
-            live.worker.loaded.clear()
+            live.worker.contexts.loaded.clear()
             path = live.worker.store.path(key)
             data = bytearray(path.read_bytes())
             if damage == "flip":
@@ -610,7 +610,7 @@ def test_a_note_left_by_a_dead_process_on_this_host_reads_failed_and_the_text_en
             assert r.status_code == 404 and time.time() - t < 5
         assert http.post("/v1/contexts", json={"text": DOC}).status_code == 202
         wait_status(http, key, "ready")
-        assert server.worker.encoded == 1
+        assert server.worker.contexts.encoded == 1
 
 
 def test_an_upload_racing_a_chat_on_the_same_text_is_not_lost(store):
@@ -651,7 +651,7 @@ def test_metrics_request_ids_access_log_and_cors(store, caplog):
         assert 'reform_requests_total{path="/v1/chat/completions",status="200"} 1.0' in text
         assert "reform_contexts_encoded_total 1.0" in text and "reform_queue_depth 0.0" in text
         tokens = float(next(l.split()[1] for l in text.splitlines() if l.startswith("reform_encoded_tokens_total")))
-        assert tokens == server.worker.tokens_encoded > 0
+        assert tokens == server.worker.contexts.tokens_encoded > 0
         assert float(next(l.split()[1] for l in text.splitlines() if l.startswith("reform_store_bytes "))) > 0
         pre = http.options("/v1/chat/completions", headers={"Origin": "http://localhost:3000",
                                                             "Access-Control-Request-Method": "POST"})
@@ -747,7 +747,8 @@ def test_a_failed_or_cancelled_job_keeps_no_frames(store):
     """Finding: each client leaving mid-stream left tens of MB behind (60 disconnects: +1.25 GB with
     SmolLM2 here): the Cancelled exception kept on the job's future held, through its traceback, the frames
     of the generation and their tensors in a reference cycle. Job failures now travel without traceback."""
-    from reform.server.worker import Cancelled, Worker
+    from reform.server.scheduler import Cancelled
+    from reform.server.worker import Worker
     from reform.store import ContextStore
     worker = Worker(make_pipe(), ContextStore(store))
 
@@ -784,7 +785,7 @@ def test_an_encode_started_by_a_chat_outlives_its_client_for_a_retry_then_stops_
     """Finding: a chat's client leaving cancelled and discarded its encode, so every retry started from
     zero. Now the encode goes on while another chat waits for it, or for a grace period after the last one
     left: a retry finds it in progress and the text is encoded once; with nobody back, it stops."""
-    from reform.server import worker as worker_module
+    from reform.server import scheduler as scheduler_module
     long_doc = DOC * 6
     messages = [{"role": "system", "content": long_doc}, {"role": "user", "content": QUESTION}]
     expected = make_pipe().encode(long_doc).ask(QUESTION, max_new_tokens=10).text
@@ -797,8 +798,8 @@ def test_an_encode_started_by_a_chat_outlives_its_client_for_a_retry_then_stops_
         assert http.get(f"/v1/contexts/{key}").json()["status"] == "encoding"    # still going
         r = http.post("/v1/chat/completions", json={"model": "reform", "messages": messages, "max_tokens": 10})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == expected
-        assert server.worker.encoded == 1
-    monkeypatch.setattr(worker_module, "ABANDONED_GRACE_S", 0.3)
+        assert server.worker.contexts.encoded == 1
+    monkeypatch.setattr(scheduler_module, "ABANDONED_GRACE_S", 0.3)
     other = "other " + long_doc
     with LiveServer(slow_pipe(), tmp_store := store.parent / "store2") as server, \
             httpx.Client(base_url=server.url, timeout=60) as http:
@@ -808,7 +809,7 @@ def test_an_encode_started_by_a_chat_outlives_its_client_for_a_retry_then_stops_
                 "model": "reform", "max_tokens": 10,
                 "messages": [{"role": "system", "content": other}, {"role": "user", "content": QUESTION}]})
         s = wait_status(http, key, "failed", seconds=20)
-        assert "cancelled" in s["error"] and server.worker.encoded == 0 and not tmp_store.joinpath(f"{key}.reform").exists()
+        assert "cancelled" in s["error"] and server.worker.contexts.encoded == 0 and not tmp_store.joinpath(f"{key}.reform").exists()
 
 
 QUESTIONS = ["What does the fox do?", "Where did the cat sit?", "What is near the door?", "Is the dog lazy?",

@@ -16,7 +16,7 @@ import pytest
 
 from reform.server import Settings
 from reform.server.tenants import DailyTokens, KeysFileError, Tenant, Tenants, read_keys_file
-from reform.server.worker import Job
+from reform.server.scheduler import Job
 from reform.store import ContextStore
 
 from test_server import DOC, QUESTION, LiveServer, make_pipe
@@ -89,9 +89,9 @@ def test_a_tenant_cannot_see_list_ask_or_delete_anothers_context(store, keys):
             assert mine.status_code == 202 and mine.json()["status"] in ("queued", "encoding")
             assert mine.json()["id"] != theirs
             wait_ready(bob, mine.json()["id"])
-            assert server.worker.encoded == 2
+            assert server.worker.contexts.encoded == 2
             assert upload(bob, DOC).status_code == 200          # within a tenant, still encoded once
-            assert server.worker.encoded == 2
+            assert server.worker.contexts.encoded == 2
 
             # alice's context is untouched by bob's delete attempts, and answers her
             r = server.client(ALICE).chat.completions.create(
@@ -145,7 +145,7 @@ def test_a_restart_keeps_every_tenants_contexts_and_an_old_store_reads_as_defaul
             r = server.client(BOB).chat.completions.create(
                 model="reform", max_tokens=3, extra_body={"context_id": bobs},
                 messages=[{"role": "user", "content": QUESTION}])
-            assert r.model_extra["reform"]["encoded"] is False and server.worker.encoded == 0
+            assert r.model_extra["reform"]["encoded"] is False and server.worker.contexts.encoded == 0
     with LiveServer(make_pipe(), store, settings=Settings(api_key=ALICE)) as server:     # one key: default
         with http(server, ALICE) as alice:
             assert [c["id"] for c in alice.get("/v1/contexts").json()["data"]] == [old]
@@ -234,12 +234,13 @@ def test_tenants_take_turns_in_the_queue(store, keys):
         server.worker.put(Job(lambda job: release.wait(30), loop, loop.create_future(), tenant="alice"))
         while server.worker.busy_since is None:
             time.sleep(0.01)
-        order, execute = [], server.worker._execute
+        order, execute = [], server.worker.execute
 
         def started(job):
-            order.append(job.tenant)
+            if job.runner is None:              # its first unit: the job starts
+                order.append(job.tenant)
             return execute(job)
-        server.worker._execute = started
+        server.worker.execute = started
         texts = [f"Upload {i}. " + OTHER_DOC for i in range(5)]
         threads = [threading.Thread(target=lambda t=t: upload(http(server, ALICE), t), daemon=True) for t in texts]
         try:
@@ -269,6 +270,61 @@ def test_tenants_take_turns_in_the_queue(store, keys):
         while order.count("alice") < 5 and time.time() < deadline:    # the last ones are queued, not yet run
             time.sleep(0.05)
         assert order[0] == "bob" and order.count("alice") == 5      # alice had the last turn (the blocker)
+        loop.close()
+
+
+def test_turns_hold_for_questions_asked_while_another_tenants_document_encodes(store, keys):
+    """Alice's long upload encodes chunk by chunk; alice queues four questions on her stored context, then
+    bob one on his. Bob's question starts first (alice had the last turn), before alice's, which arrived
+    earlier; alice's encode goes on between the questions and stores the same context as alone."""
+    from test_server import slow_pipe
+    long_doc = DOC * 6
+    expected_long = make_pipe().encode(long_doc).ask(QUESTION, max_new_tokens=5).text
+    with LiveServer(slow_pipe(0.2), store, settings=Settings(keys_file=keys)) as server:
+        alice, bob = http(server, ALICE), http(server, BOB)
+        mine, bobs = upload(alice, DOC).json()["id"], upload(bob, DOC).json()["id"]
+        wait_ready(alice, mine), wait_ready(bob, bobs)
+        long = upload(alice, long_doc).json()["id"]
+        while alice.get(f"/v1/contexts/{long}").json()["tokens_encoded"] == 0:
+            time.sleep(0.02)
+        started, release, loop = threading.Event(), threading.Event(), asyncio.new_event_loop()
+        server.worker.put(Job(lambda job: (started.set(), release.wait(30)), loop, loop.create_future(),
+                              tenant="alice"))                          # holds the model between two chunks
+        assert started.wait(30)
+        order, execute = [], server.worker.execute
+
+        def recorded(job):
+            if job.runner is None or job.kind == "encode":
+                order.append((job.tenant, job.kind))
+            return execute(job)
+        server.worker.execute = recorded
+
+        def ask(key, context_id):
+            return server.client(key).chat.completions.create(
+                model="reform", max_tokens=5, extra_body={"context_id": context_id},
+                messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
+        pool = [threading.Thread(target=ask, args=(ALICE, mine), daemon=True) for _ in range(4)]
+        for t in pool:
+            t.start()
+        deadline = time.time() + 10
+        while server.worker.queued("alice") < 4:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        answer = {}
+        asking = threading.Thread(target=lambda: answer.setdefault("bob", ask(BOB, bobs)), daemon=True)
+        asking.start()
+        while server.worker.queued("bob") < 1:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        assert alice.get(f"/v1/contexts/{long}").json()["status"] == "encoding"
+        release.set()
+        asking.join(60)
+        for t in pool:
+            t.join(60)
+        assert order[0] == ("bob", "question") and order.count(("alice", "question")) == 4
+        wait_ready(alice, long)
+        assert ("alice", "encode") in order[1:]          # the encode went on after the questions
+        assert ask(ALICE, long) == expected_long
         loop.close()
 
 

@@ -1,10 +1,12 @@
-"""What the benchmark ran on, and how fast this machine multiplies matrices (the FLOP-efficiency yardstick)."""
+"""What the benchmark ran on, how fast this machine multiplies matrices (the FLOP-efficiency yardstick), and
+how much memory it has free."""
 
 from __future__ import annotations
 
 import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -59,3 +61,16 @@ def machine_info(device: torch.device) -> dict:
     if capped:
         info["isa_caps"] = capped
     return info
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` (CUDA: free GPU memory; CPU: MemAvailable), or None."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -4,30 +4,16 @@
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from ..engine.core import Engine
 from ..engine.layout import QuestionPart
+from ..machine import available_memory
 from ..notes import PastWindowWarning
 from .answering import Answering
 from .base import Context, Method, Runtime, register
-
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new tensors on ``device`` (CUDA: free GPU memory; CPU: MemAvailable), or None."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def full_attention_bytes(engine: Engine, n: int) -> int:

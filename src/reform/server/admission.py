@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 
 from ..store import ContextFileError
 from .openai_schema import ApiError
-from .worker import Cancelled, QueueFull
+from .scheduler import Cancelled, QueueFull
 
 if TYPE_CHECKING:
     from .service import Service

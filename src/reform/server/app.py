@@ -45,7 +45,8 @@ from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
 from .service import ChatJob, Keys, Service, Settings
 from .tenants import Tenant, public_id
-from .worker import Cancelled, Worker
+from .scheduler import Cancelled
+from .worker import Worker
 
 __all__ = ["Keys", "Service", "Settings", "create_app"]
 
@@ -244,7 +245,7 @@ async def chat(request: Request):
             return JSONResponse({}, status_code=499)
         raise
     include_usage = req.stream_options is not None and bool(req.stream_options.include_usage)
-    return StreamingResponse(completion.events(first, waiting, include_usage, lambda: service.worker.progress(key),
+    return StreamingResponse(completion.events(first, waiting, include_usage, lambda: service.worker.contexts.progress(key),
                                                chat_job.done_waiting),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -258,14 +259,14 @@ async def create_context(request: Request):
     deadline = asyncio.get_running_loop().time() + settings.request_timeout
     text = await upload_document(request, service)
     key, n = await service.key_of(text, tenant)
-    if service.worker.has(key) or service.encoding_elsewhere(key):   # (another replica's encode is not repeated)
+    if service.worker.contexts.has(key) or service.encoding_elsewhere(key):   # (another replica's encode is not repeated)
         s = service.status_of(key)
         if s.status != "failed":
             return JSONResponse(s.to_json(), status_code=200 if s.status == "ready" else 202)
-        service.worker.forget(key)       # failed, or its file unreadable: replaced by a fresh encode
+        service.worker.contexts.forget(key)       # failed, or its file unreadable: replaced by a fresh encode
     await service.admit_encode(tenant, n)
     try:
-        await service.enqueue(lambda: service.worker.upload(key, text, n, tenant=tenant.name),
+        await service.enqueue(lambda: service.worker.contexts.upload(key, text, n, tenant=tenant.name),
                               lambda: still_wanted(request, deadline, settings.request_timeout), tenant)
     except BaseException as e:
         await service.settle(tenant, n, queued=False)        # nothing will be encoded
@@ -278,7 +279,7 @@ async def create_context(request: Request):
 
 @router.get("/v1/contexts")
 async def list_contexts(request: Request):
-    contexts = await run_in_threadpool(service_of(request).worker.all_contexts, tenant_of(request).scope)
+    contexts = await run_in_threadpool(service_of(request).worker.contexts.all_contexts, tenant_of(request).scope)
     return {"object": "list", "data": [s.to_json() for s in contexts]}
 
 
@@ -290,7 +291,7 @@ async def get_context(context_id: str, request: Request):
 @router.delete("/v1/contexts/{context_id}")
 async def delete_context(context_id: str, request: Request):
     worker, key = service_of(request).worker, tenant_of(request).stored_key(context_id)
-    if not worker.store.valid_key(key) or not worker.forget(key):
+    if not worker.store.valid_key(key) or not worker.contexts.forget(key):
         raise ApiError(404, f"context {context_id} not found", code="context_not_found")
     return {"id": context_id, "object": "context.deleted", "deleted": True}
 
@@ -365,7 +366,7 @@ async def health(request: Request):
     service = service_of(request)
     worker = service.worker
     return {"status": "ok", "model": service.model_id, "method": service.pipe.method.name, "queued": worker.queued(),
-            "busy": worker.busy(), "contexts_encoded": worker.encoded,
+            "busy": worker.busy(), "contexts_encoded": worker.contexts.encoded,
             "stored_contexts": len(worker.store.entries())}
 
 

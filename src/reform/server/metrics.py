@@ -30,11 +30,11 @@ class WorkerCollector:
         yield GaugeMetricFamily("reform_busy", "1 while the model thread runs a job or decodes answers", value=int(w.busy()))
         yield GaugeMetricFamily("reform_expected_wait_seconds", "expected wait of a job queued now",
                                 value=w.expected_wait())
-        yield CounterMetricFamily("reform_contexts_encoded", "contexts encoded by this process", value=w.encoded)
+        yield CounterMetricFamily("reform_contexts_encoded", "contexts encoded by this process", value=w.contexts.encoded)
         yield CounterMetricFamily("reform_encoded_tokens", "context tokens encoded by this process",
-                                  value=w.tokens_encoded)
-        yield CounterMetricFamily("reform_encode_seconds", "seconds spent encoding contexts", value=w.encode_seconds)
-        rate = w.tokens_encoded / w.encode_seconds if w.encode_seconds else 0.0
+                                  value=w.contexts.tokens_encoded)
+        yield CounterMetricFamily("reform_encode_seconds", "seconds spent encoding contexts", value=w.contexts.encode_seconds)
+        rate = w.contexts.tokens_encoded / w.contexts.encode_seconds if w.contexts.encode_seconds else 0.0
         yield GaugeMetricFamily("reform_encode_tokens_per_second", "mean encode rate of this process", value=rate)
         try:
             entries = w.store.entries()

@@ -24,7 +24,9 @@ from .files import FileStore
 from .metrics import Metrics
 from .openai_schema import ApiError, Conversation, context_text, history_question
 from .tenants import DailyTokens, Tenant, Tenants, seconds_to_next_day
-from .worker import ContextStatus, QueueFull, Underway, Worker
+from .replicas import ContextStatus
+from .scheduler import QueueFull, Underway
+from .worker import Worker
 
 
 @dataclass
@@ -123,7 +125,7 @@ class Service:
         self.lines = {t.name: Line(settings.max_waiting) for t in self.tenants.all}   # each tenant waits in its own
         self.metrics = Metrics(worker, self.lines, self.tenants)
         self.files = {t.name: FileStore(worker.store, t.scope) for t in self.tenants.all}
-        self.usage = DailyTokens(worker.store, worker.owner["instance"])
+        self.usage = DailyTokens(worker.store, worker.contexts.replicas.owner["instance"])
         self.in_flight = {t.name: 0 for t in self.tenants.all}      # requests being answered, by tenant
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
@@ -169,7 +171,7 @@ class Service:
 
     def will_encode(self, key: str) -> bool:
         """``key`` is nowhere yet: asking for it starts an encode."""
-        return not self.worker.has(key) and not self.encoding_elsewhere(key)
+        return not self.worker.contexts.has(key) and not self.encoding_elsewhere(key)
 
     async def admit_encode(self, tenant: Tenant, tokens: int) -> None:
         """Charge a new encode of ``tokens`` to ``tenant``: 413 while its store is at its quota of contexts or
@@ -177,7 +179,7 @@ class Service:
         quotas = tenant.quotas
         if quotas.contexts is not None:
             stored = await run_in_threadpool(self.worker.store.entries, tenant.scope)
-            under_way = {s.id for s in self.worker.all_contexts(tenant.scope) if s.status in ("queued", "encoding")}
+            under_way = {s.id for s in self.worker.contexts.all_contexts(tenant.scope) if s.status in ("queued", "encoding")}
             if len({e.key for e in stored} | under_way) >= quotas.contexts:
                 raise self.refused(tenant, "contexts", 413, f"this key's store holds its quota of {quotas.contexts} "
                                    "contexts; delete some (DELETE /v1/contexts/ID) to upload more")
@@ -216,7 +218,7 @@ class Service:
 
     def encoding_elsewhere(self, key: str) -> bool:
         """Another process sharing the store (a replica) has ``key`` queued or encoding."""
-        s = self.worker.elsewhere(key)
+        s = self.worker.contexts.replicas.elsewhere(key)
         return s is not None and s.status in ("queued", "encoding")
 
     async def stored_elsewhere(self, key: str) -> bool:
@@ -248,7 +250,7 @@ class Service:
 
     def status_of(self, key: str) -> ContextStatus:
         """``key``'s status (a store key: the tenant's folder and id); 404 for one that is nowhere."""
-        s = self.worker.describe(key) if self.worker.store.valid_key(key) else None
+        s = self.worker.contexts.describe(key) if self.worker.store.valid_key(key) else None
         if s is None:
             raise ApiError(404, f"context {key.rpartition('/')[2]} not found", code="context_not_found")
         return s
@@ -261,7 +263,7 @@ class Service:
         earlier, worker = conv.earlier, self.worker
         if context_id is not None:
             key = tenant.stored_key(context_id)
-            if not worker.store.valid_key(key) or not (worker.has(key) or await self.stored_elsewhere(key)):
+            if not worker.store.valid_key(key) or not (worker.contexts.has(key) or await self.stored_elsewhere(key)):
                 raise ApiError(404, f"context {context_id} not found", param="context_id", code="context_not_found")
             return key, None, await self.fit_history(earlier, conv.question)
         if not earlier:         # a question alone (a chat UI's first message): the model answers it
@@ -272,7 +274,7 @@ class Service:
                 break
             text = context_text(earlier[:j])
             key, _ = await self.key_of(text, tenant)
-            if worker.has(key):    # the text still goes along: a damaged or evicted file is encoded again
+            if worker.contexts.has(key):    # the text still goes along: a damaged or evicted file is encoded again
                 return key, text, history_question(later, conv.question)
         text = context_text(earlier)
         key, _ = await self.key_of(text, tenant)
@@ -324,7 +326,7 @@ class ChatJob:
         if conv.parts is not None:
             ctx, encoded = pipe.encode(conv.parts), True
         elif self.key is not None:
-            ctx, encoded = worker.context(self.key, self.text, job)
+            ctx, encoded = worker.contexts.context(self.key, self.text, job)
         else:
             ctx, encoded = pipe.without_context(), False
         answering = ctx.start(self.question, max_new_tokens=self.asked or self.service.settings.default_max_tokens,
@@ -335,20 +337,18 @@ class ChatJob:
 
     def put(self):
         worker, key = self.service.worker, self.key
-        if self.text is not None and not worker.has(key) and not self.service.encoding_elsewhere(key):
+        if self.text is not None and not worker.contexts.has(key) and not self.service.encoding_elsewhere(key):
             # the encode runs as a job of its own, so that it outlives this request if its client leaves and
             # another chat (or the same client, retrying) wants the same text (``Worker.upload``)
-            worker.upload(key, self.text, self.tokens, for_chat=True, tenant=self.tenant.name)
+            worker.contexts.upload(key, self.text, self.tokens, for_chat=True, tenant=self.tenant.name)
             self.started_encode = True
-        if key is not None and not self.watched and (encode := worker.watch(key)) is not None:
+        if key is not None and not self.watched and (encode := worker.contexts.watch(key)) is not None:
             self.watched.append(encode)
-        # with key: may answer during another's encode (as may a question without a context)
-        return worker.submit(self.work, stream=self.req.stream, key=key,
-                             no_context=key is None and self.conv.parts is None, tenant=self.tenant.name)
+        return worker.submit(self.work, stream=self.req.stream, key=key, tenant=self.tenant.name)
 
     def done_waiting(self) -> None:
         while self.watched:
-            self.service.worker.unwatch(self.watched.pop())
+            self.service.worker.contexts.unwatch(self.watched.pop())
 
 
 def document_error(e: DocumentError) -> ApiError:
