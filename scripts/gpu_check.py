@@ -192,7 +192,7 @@ def paper(out: Path, device: str, shape_name: str, lengths: list[int], methods: 
     """REFORM Table 6b on this machine: every method at every length, each row written as it finishes;
     a row whose estimated time no longer fits ``budget_s`` is skipped with a note."""
     from reform.bench.runner import needle_input, one_run
-    from reform.engine.core import UnsupportedModelError
+    from reform.engine.shape import UnsupportedModelError
     from reform.machine import matmul_throughput
     from reform.model import pick_dtype
     from reform.pipeline import Pipeline
@@ -358,7 +358,8 @@ def bf16_load_check(model_type: str, overrides: dict | None, device: str) -> str
     """The engine's load check on the variant in bf16: its one-shot and chunked logits against fp32 (on a
     GPU this runs the fused kernel's bottom-right causal path, which the fp32 comparison does not)."""
     from reform.conformance import build
-    from reform.engine.core import Engine, UnsupportedModelError
+    from reform.engine.core import Engine
+    from reform.engine.shape import UnsupportedModelError
     try:
         engine = Engine(build(model_type, overrides, device=device).to(torch.bfloat16))
     except UnsupportedModelError as e:
@@ -370,7 +371,7 @@ def half_precision_check(name: str, device: str) -> dict:
     """Load ``name`` in bf16 on ``device`` (the load check runs), then load it again with layer 1's
     attention logits doubled, which the check must refuse."""
     from reform.engine import core
-    from reform.engine.core import UnsupportedModelError
+    from reform.engine.shape import UnsupportedModelError
     from reform.model import ModelLoadError, load_model
     try:
         loaded = load_model(name, device=device, dtype="bf16")

@@ -174,7 +174,7 @@ def test_half_precision_is_judged_against_fp32_and_the_weights_come_back_untouch
     """In bf16 the load check runs the model's own forward in fp32 (one layer at a time) as the truth;
     afterwards every weight is the very same bf16 tensor, tied ones still tied."""
     from reform.engine import Engine
-    from reform.engine.core import float32_weights
+    from reform.engine.load_check import float32_weights
     model = build("llama").to(torch.bfloat16)
     model.lm_head.weight = model.model.embed_tokens.weight                 # tied, as in SmolLM2 and Gemma
     before = {n: (p.data_ptr(), p.dtype) for n, p in model.named_parameters()}     # the very same storage

@@ -11,7 +11,7 @@ import torch
 
 from reform.data.haystack import haystack, insert_needle, magic_number_needle
 from reform.engine import core
-from reform.engine.core import UnsupportedModelError
+from reform.engine.shape import UnsupportedModelError
 from reform.pipeline import Pipeline
 
 pytestmark = [pytest.mark.slow,

@@ -24,7 +24,8 @@ import torch
 
 from .engine.batch import DecodeBatch
 from .engine.cache import KVCache
-from .engine.core import Engine, UnsupportedModelError
+from .engine.core import Engine
+from .engine.shape import UnsupportedModelError
 
 SEQ = 80            # prompt tokens: longer than the variants' sliding window (32)
 CHUNK = 24          # chunked-prefill chunk size

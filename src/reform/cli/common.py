@@ -238,7 +238,7 @@ def pipeline_from(load: dict):
     """The pipeline ``load`` (``load_options``) describes, refusals as one-line ``CliError``s."""
     from ..model import ModelLoadError
     from ..pipeline import Pipeline
-    from ..engine.core import UnsupportedModelError
+    from ..engine.shape import UnsupportedModelError
     from ..methods.options import OptionError
     load = dict(load)
     try:

@@ -128,7 +128,7 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
              force: bool, fresh: bool, explain: bool = False, batch: int = 1):
     """Check the methods and the output folder, load the model, build the rows (``rows_for(tokenizer)``),
     run them, then print the results table and where everything was written."""
-    from ..engine.core import UnsupportedModelError
+    from ..engine.shape import UnsupportedModelError
     from ..eval.records import RESULTS
     from ..eval.runner import run_eval
     specs = check_methods(methods)

@@ -24,7 +24,7 @@ def _fail(msg: str):
 
 
 def _load(model, device, dtype):
-    from ..engine.core import UnsupportedModelError
+    from ..engine.shape import UnsupportedModelError
     from ..model import ModelLoadError
     from ..pipeline import Pipeline
     try:  # the method's own heads are irrelevant here; any valid head list will do

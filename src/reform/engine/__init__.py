@@ -3,7 +3,8 @@ model's own decoder layers chunk by chunk over a KV cache with pre-RoPE keys (ea
 positions, Q/K/V taps, eviction scores), and refuses what it cannot run exactly. REFORM §3.1."""
 
 from .cache import KVCache, LayerCache
-from .core import Engine, ModelShape, UnsupportedModelError, model_shape
+from .core import Engine
+from .shape import ModelShape, UnsupportedModelError, model_shape
 from .extractors import HeadEmbeddings, HeadSpec
 from .policies import H2OPolicy, InfiniPotPolicy, InfLLMPolicy, StreamingLLMPolicy, TOVAPolicy
 

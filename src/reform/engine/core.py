@@ -2,13 +2,12 @@
 
 Every method runs through ``Engine``. It drives the HF model's *own* decoder-layer modules (so norms,
 multipliers, soft-capping, MoE blocks, q/k norms, partial and per-layer RoPE all come from the model's
-code), routing their attention through transformers' attention interface to ``_attention`` and their
-cache updates to ``_CacheAdapter``. What REFORM needs and HF's forward does not expose is the engine's:
+code), routing their attention through transformers' attention interface (``bridge.py``). What REFORM needs and HF's forward does not expose is the engine's:
 which layers run (early exit), the position of every token (contiguous re-packing after eviction), what
 the cache holds (pre-RoPE keys; sliding-window layers only their window), the pre-RoPE Q/K/V taps
 (retrieval embeddings) and attention scores from the last queries only (eviction). A model the engine
 cannot run exactly is refused at construction: structurally (``model_shape``) or numerically (its logits
-against the model's own forward, ``_check_against_model``). ``reform.conformance`` checks every model type
+against the model's own forward, ``load_check.py``). ``reform.conformance`` checks every model type
 transformers ships against ``model(...)`` and ``model.generate(...)``.
 """
 
@@ -16,183 +15,21 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from .attention import DECODE_BLOCK, attention_and_received, batch_decode_attention, causal_attention, scores_fused
 from .batch import DecodeBatch
+from .bridge import INPUT_ROWS, CacheAdapter, Call, Exit, StepCall, driving, register_attention
 from .cache import RESERVE, KVCache, LayerCache
 from .flops import FlopCounter, causal_attention_flops, linear_flops_per_token, qkv_flops_per_token
+from .load_check import cannot_drive, check_against_model
+from .plugins import EvictionPolicy, Hook
 from .rope import Rotary
+from .shape import ModelShape, UnsupportedModelError, decoder_stack, layer_window, model_shape
 
-
-
-class UnsupportedModelError(ValueError):
-    """The engine cannot run this model exactly as transformers does; the message says what it lacks."""
-
-
-class Hook(Protocol):
-    """Sees each chunk as it is encoded (e.g. to store retrieval embeddings). ``on_qkv`` receives the
-    pre-RoPE query, key and value states of a layer; a hook may list the ``layers`` it reads."""
-
-    def begin(self, offset: int, length: int) -> None: ...
-    def on_qkv(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
-
-
-class EvictionPolicy(Protocol):
-    """Scores cached tokens while a chunk runs and shrinks each layer's cache after it.
-
-    A policy may also define ``observe_output(ids, hidden)``: ``Engine.prefill`` then hands it each
-    chunk's ids and last-layer hidden states before ``compress`` (InfiniPot's novelty scores need them);
-    and ``arrange(layer, q, cache, rotary)``: called in every layer with the block's pre-RoPE queries
-    before it attends, it may replace the layer's cached entries (re-packed at 0..n-1), e.g. InfLLM
-    loading the memory blocks those queries retrieve. Sliding-window layers are never handed to a
-    policy: the engine keeps their last ``window - 1`` entries itself (see ``LayerCache.window``).
-    """
-
-    score_window: int  # how many of the chunk's last queries the policy looks at (0: none)
-
-    def observe(self, layer: int, received: torch.Tensor, cache: LayerCache, n_new: int) -> None: ...
-    def compress(self, cache: KVCache, rotary: Rotary) -> None: ...
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    window: int
-    sliding_layers: tuple[int, ...] = ()   # layers with a sliding attention window (kept exactly, not compressed)
-
-    @property
-    def n_rep(self) -> int:
-        """Query heads per KV head: query head h reads KV head h // n_rep."""
-        return self.n_heads // self.n_kv_heads
-
-
-def _layer_window(config, i: int) -> int | None:
-    """The sliding window of layer ``i`` as transformers' configs describe it (None: full attention)."""
-    window = getattr(config, "sliding_window", None)
-    if not window:
-        return None
-    types = getattr(config, "layer_types", None)
-    if types is not None:
-        return window if types[i] == "sliding_attention" else None
-    if getattr(config, "use_sliding_window", True) is False:     # Qwen2-style switch
-        return None
-    if (max_window := getattr(config, "max_window_layers", None)) is not None and i >= max_window:
-        return None
-    return window
-
-
-def _first(obj, names: tuple[str, ...]):
-    return next((getattr(obj, n) for n in names if getattr(obj, n, None) is not None), None)
-
-
-@dataclass
-class DecoderStack:
-    """Where a causal LM keeps what the engine drives, under the names transformers' families use."""
-
-    config: object                   # the decoder's (text) config
-    embed: torch.nn.Module
-    layers: torch.nn.ModuleList
-    norm: torch.nn.Module
-    rotary: torch.nn.Module | None
-    lm_head: torch.nn.Module
-    attention: list                  # each layer's attention module
-
-
-def decoder_stack(model: torch.nn.Module) -> DecoderStack | None:
-    """Find embeddings, layers, final norm, rotary module and LM head (``model.model.layers`` as in Llama,
-    ``gpt_neox.layers``, ``transformer.h``, ...); for a multimodal checkpoint class (e.g. Gemma 3 4B+)
-    the language model inside it, which the engine runs on text alone. None: not found."""
-    base = _first(model, ("model", "gpt_neox", "transformer"))
-    inner = _first(base, ("language_model", "text_model"))      # a vision-language model's decoder
-    base, config = (inner, inner.config) if inner is not None and hasattr(inner, "layers") else (base, model.config)
-    parts = dict(embed=_first(base, ("embed_tokens", "embed_in", "word_embeddings", "wte")),
-                 layers=_first(base, ("layers", "h")),
-                 norm=_first(base, ("norm", "final_layernorm", "final_layer_norm", "ln_f")),
-                 lm_head=model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None)
-    if base is None or any(v is None for v in parts.values()):
-        return None
-    return DecoderStack(config, rotary=getattr(base, "rotary_emb", None),
-                        attention=[_first(layer, ("self_attn", "attention", "self_attention")) for layer in parts["layers"]],
-                        **parts)
-
-
-def model_shape(model: torch.nn.Module) -> ModelShape:
-    """Check that ``model`` is a rotary decoder-only LM whose layers the engine can drive, and read its
-    dimensions. Refusals here are up-front and structural; ``Engine`` then checks numerically."""
-    stack = decoder_stack(model)
-    cfg = stack.config if stack is not None else model.config
-    name = getattr(model.config, "model_type", type(model).__name__)
-    rotary = any(hasattr(cfg, a) for a in ("rope_parameters", "rope_theta", "rotary_dim", "rotary_pct"))
-    if (stack is None or stack.rotary is None) and not rotary:
-        raise UnsupportedModelError(f"model type '{name}' has no rotary position embedding the engine can drive "
-                                    "(model.rotary_emb); REFORM re-packs positions with RoPE and cannot run it")
-    if stack is None or stack.rotary is None:
-        raise UnsupportedModelError(f"model type '{name}' is not laid out as embeddings, decoder layers, final "
-                                    "norm, one rotary module (model.rotary_emb) and LM head, the layout the "
-                                    "engine drives")
-    for why, present in (
-            ("multi-head latent attention (keys with separately rotated parts)", hasattr(cfg, "kv_lora_rank")),
-            ("bidirectional attention", bool(getattr(cfg, "use_bidirectional_attention", False))),
-            ("chunked local attention", bool(getattr(cfg, "attention_chunk_size", None)))):
-        if present:
-            raise UnsupportedModelError(f"model type '{name}' uses {why}, which the engine does not support")
-    for i, attn in enumerate(stack.attention):
-        if attn is None or getattr(attn, "layer_idx", None) != i:
-            raise UnsupportedModelError(f"model type '{name}': decoder layer {i} has no attention module "
-                                        "(self_attn / attention / self_attention) with its own layer index, which "
-                                        "the engine drives")
-        if not getattr(attn, "is_causal", True):
-            raise UnsupportedModelError(f"model type '{name}': layer {i}'s attention is not causal")
-    n_heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    if (v_dim := getattr(cfg, "v_head_dim", None)) not in (None, head_dim):
-        raise UnsupportedModelError(f"model type '{name}' has value heads of {v_dim} dimensions beside key heads "
-                                    f"of {head_dim}, which the engine's cache does not support")
-    return ModelShape(n_layers=len(stack.layers), n_heads=n_heads,
-                      n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
-                      head_dim=head_dim, window=cfg.max_position_embeddings,
-                      sliding_layers=tuple(i for i in range(len(stack.layers)) if _layer_window(cfg, i)))
-
-
-class _Exit(Exception):
-    """Raised inside the layer loop to stop after the early-exit layer's Q/K/V."""
-
-
-# Keyword arguments model attention modules pass to the attention function that the engine either
-# honours (scaling, sliding_window, softcap) or that do not change the result at inference.
-_ATTN_KWARGS = {"dropout", "scaling", "sliding_window", "softcap", "position_ids", "cache_position", "use_cache",
-                "output_attentions", "layer_idx", "cache", "past_key_values"}
-
-
-@dataclass
-class _Call:
-    """One ``Engine.forward``: what the attention function and the cache adapter need to know."""
-
-    cache: KVCache
-    starts: list[int]
-    hook: Hook | None
-    policy: EvictionPolicy | None
-    exit_layer: int | None    # the layer whose Q/K/V alone run (early exit), or None
-
-
-@dataclass
-class _StepCall:
-    """One ``Engine.step``: one new token for each of the first ``n`` sequences of a ``DecodeBatch`` (the
-    rows past ``n`` are padding, ``STEP_ROWS``)."""
-
-    batch: DecodeBatch
-    n: int
-    starts: torch.Tensor      # [n, layers]: where each sequence's new token sits in each layer
-    spans: list[int]          # each sequence's length once its token is in (length-dependent RoPE)
-
+__all__ = ["Engine", "EvictionPolicy", "Hook", "ModelShape", "STEP_ROWS", "UnsupportedModelError", "model_shape"]
 
 # A decoding step computes at least this many rows, padding with copies of the first: the matrix products
 # then take the same kernel whatever the batch holds, one sequence or many. Alone, a row took another
@@ -200,111 +37,6 @@ class _StepCall:
 # had an output one unit in the last place apart (oneDNN, Zen 4), enough to turn greedy answers. fp32 (MKL)
 # agreed from 8 rows on. With this and ``batch_decode_attention``, 8 of 8 answers equal their lone selves.
 STEP_ROWS = 8
-
-
-class _CacheAdapter:
-    """What a transformers attention module sees as its cache: appends the new keys (keeping their
-    pre-RoPE copy) and values of layer ``layer_idx`` to our ``KVCache`` and returns all of them."""
-
-    is_compileable = False
-
-    def __init__(self, engine: "Engine"):
-        self.engine = engine
-
-    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        call = self.engine._call
-        if isinstance(call, _StepCall):           # each sequence's key and value go to its own slot
-            n, at = call.n, call.starts[:, layer_idx]
-            keys, values = call.batch.keys[layer_idx], call.batch.values[layer_idx]
-            keys[torch.arange(n), :, at] = key_states[:n, :, -1]
-            values[torch.arange(n), :, at] = value_states[:n, :, -1]
-            # the slots as one view, padded to the end of the longest sequence's last block
-            held = -(-(int(at.max()) + 1) // DECODE_BLOCK) * DECODE_BLOCK
-            return keys[:n, :, :held], values[:n, :, :held]
-        if layer_idx >= len(call.cache.layers):   # the early-exit layer: nothing is cached
-            return key_states, value_states
-        lc = call.cache.layers[layer_idx]
-        k_rot = key_states[0]
-        lc.append(self.engine.rotary.unrotate(k_rot, call.starts[layer_idx], layer_idx), k_rot, value_states[0])
-        return lc.keys[None], lc.values[None]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        call = self.engine._call
-        if isinstance(call, _StepCall):
-            return int(call.starts[:, layer_idx].max())
-        return call.starts[layer_idx] if layer_idx < len(call.starts) else 0
-
-
-ATTENTION_NAME = "reform"
-_DRIVING: ContextVar["Engine"] = ContextVar("reform_engine")   # the engine whose forward is running
-# the input embeddings that token ids past the vocabulary stand for (image positions; ``Engine.input_rows``)
-_INPUT_ROWS: ContextVar["torch.Tensor | None"] = ContextVar("reform_input_rows", default=None)
-
-
-def _attention(module, query, key, value, attention_mask, scaling=None, sliding_window=None, softcap=None,
-               s_aux=None, **kwargs):
-    """The attention function the model's own attention modules call while the engine drives them
-    (registered in transformers' ``AttentionInterface``). Queries and keys arrive rotated by the model."""
-    engine = _DRIVING.get()
-    unknown = sorted(k for k, v in kwargs.items() if k not in _ATTN_KWARGS and v is not None)
-    if unknown:
-        raise UnsupportedModelError(f"its attention takes {', '.join(unknown)}, which the engine does not support")
-    if isinstance(engine._call, _StepCall):
-        return engine._attend_step(module.layer_idx, query, key, value, scaling, sliding_window, softcap, s_aux)
-    return engine._attend(module.layer_idx, query[0], key[0], value[0], scaling, sliding_window, softcap, s_aux)
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_NAME, _attention)
-
-
-# In half precision the engine may be HALF_MARGIN times as far from the fp32 forward as transformers' own
-# half-precision forward is, plus HALF_SLACK (relative RMS). Measured in bf16 on the real SmolLM2-135M and
-# Gemma 3 270M (12 tokens, 2-core Zen 3): transformers 0.019 / 0.036 from fp32, the engine 0.022 / 0.033;
-# one layer's attention logits scaled by 2 (SmolLM2) or 1.2 (Gemma), or its values by 1.2 (SmolLM2):
-# 0.040 / 0.064, 0.034, all refused. The largest difference instead of the RMS hides such breaks: it is
-# set by the head's rounding of the largest logits, the same on both sides (0.040 and 0.040 on SmolLM2).
-HALF_MARGIN = 1.5
-HALF_SLACK = 2e-3
-
-
-def relative_distance(truth: torch.Tensor, *others: torch.Tensor) -> float:
-    """The largest absolute difference of any of ``others`` from ``truth``, relative to its largest logit."""
-    scale = truth.abs().max().clamp(min=1e-6)
-    return max(float((o - truth).abs().max() / scale) for o in others)
-
-
-def relative_rms(truth: torch.Tensor, *others: torch.Tensor) -> float:
-    """The largest root-mean-square difference of any of ``others`` from ``truth``, relative to its RMS."""
-    scale = truth.pow(2).mean().sqrt().clamp(min=1e-6)
-    return max(float((o - truth).pow(2).mean().sqrt() / scale) for o in others)
-
-
-class float32_weights:
-    """Context manager: the floating-point parameters and buffers of ``modules`` (their children too unless
-    ``recurse`` is False) swapped in place for fp32 copies, and the very same tensors put back on exit
-    (``restore``), so tied weights stay tied and nothing is rounded twice."""
-
-    def __init__(self, modules, recurse: bool = True):
-        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for m in modules:
-            for t in (*m.parameters(recurse=recurse), *m.buffers(recurse=recurse)):
-                if t.is_floating_point() and t.dtype != torch.float32:
-                    self.saved.append((t, t.data))
-                    t.data = t.data.float()
-
-    def __enter__(self) -> "float32_weights":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
-
-    def restore(self) -> None:
-        for t, data in reversed(self.saved):
-            t.data = data
-        self.saved = []
 
 
 class Engine:
@@ -329,7 +61,7 @@ class Engine:
         try:
             self.rotary = Rotary(stack.rotary, stack.attention, cfg)
         except Exception as e:   # a rotary module called in a way the engine does not know
-            raise self._cannot_drive(e) from None
+            raise cannot_drive(self, e) from None
         attn = self.attention[0]
         self.scaling = getattr(attn, "scaling", self.shape.head_dim ** -0.5)
         self.device = self.embed.weight.device
@@ -340,17 +72,17 @@ class Engine:
         self.layer_flops = [linear_flops_per_token(layer) for layer in self.layers]   # per token, per layer
         self._qkv_flops = [qkv_flops_per_token(attn) for attn in self.attention]
         self._head_flops = 2 * self.lm_head.weight.numel()
-        self._windows = [_layer_window(cfg, i) for i in range(self.shape.n_layers)]
-        self._adapter = _CacheAdapter(self)
+        self._windows = [layer_window(cfg, i) for i in range(self.shape.n_layers)]
+        self._adapter = CacheAdapter(self)
         params = inspect.signature(self.layers[0].forward).parameters
         self._cache_arg = next((a for a in ("cache", "past_key_values", "layer_past", "past_key_value") if a in params),
                                "cache")   # what the model's decoder layers call their cache argument
-        self._call: _Call | _StepCall | None = None
+        self._call: Call | StepCall | None = None
         self.check_distance: float | None = None   # the load check's relative logit difference, once run
         self.check_reference: float | None = None  # half precision: transformers' own forward's distance from fp32
-        _register_attention()
+        register_attention()
         if check:
-            self._check_against_model()
+            check_against_model(self)
 
     @contextmanager
     def past_window(self, positions: int):
@@ -368,43 +100,28 @@ class Engine:
         the embedding table: how an image's positions travel through every method unchanged (gathered,
         recomputed, saved) as ids, while their input embeddings, the vision tower's output, come from
         ``rows`` (docs/architecture.md, "Where per-model behaviour lives")."""
-        token = _INPUT_ROWS.set(rows)
+        token = INPUT_ROWS.set(rows)
         try:
             yield
         finally:
-            _INPUT_ROWS.reset(token)
+            INPUT_ROWS.reset(token)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The input embeddings of ``ids`` [1, T, hidden], image rows put in where ids say so, before the
-        model-level multiplier, in the order the vision-language models of transformers merge them."""
+        """The input embeddings of ``ids`` [B, T] as the model's first layer takes them [B, T, hidden]:
+        image rows put in where ids say so (in the order transformers' vision-language models merge them),
+        then the model-level multiplier (Granite)."""
         ids = ids.to(self.device)
         extra = ids >= self.vocab
-        if not bool(extra.any()):
-            return self.embed(ids[None])
-        rows = _INPUT_ROWS.get()
-        if rows is None or int(ids.max()) - self.vocab >= rows.shape[0]:
-            raise ValueError("token ids past the vocabulary stand for image positions, and this input's image "
-                             "embeddings are not in place (Engine.input_rows)")
-        x = self.embed(ids.masked_fill(extra, 0)[None])
-        x[0, extra] = rows[ids[extra] - self.vocab].to(x.device, x.dtype)
-        return x
-
-    @contextmanager
-    def _driving(self, call: _Call):
-        """Route the model's attention modules to ``_attention`` for the duration of one forward."""
-        configs = {id(c): c for c in [self.model.config, self.config, *(getattr(a, "config", None)
-                                                                           for a in self.attention)] if c is not None}
-        saved = {k: c._attn_implementation for k, c in configs.items()}
-        self._call, token = call, _DRIVING.set(self)
-        try:
-            for c in configs.values():
-                c._attn_implementation = ATTENTION_NAME
-            yield
-        finally:
-            for k, c in configs.items():
-                c._attn_implementation = saved[k]
-            self._call = None
-            _DRIVING.reset(token)
+        if bool(extra.any()):
+            rows = INPUT_ROWS.get()
+            if rows is None or int(ids.max()) - self.vocab >= rows.shape[0]:
+                raise ValueError("token ids past the vocabulary stand for image positions, and this input's image "
+                                 "embeddings are not in place (Engine.input_rows)")
+            x = self.embed(ids.masked_fill(extra, 0))
+            x[extra] = rows[ids[extra] - self.vocab].to(x.device, x.dtype)
+        else:
+            x = self.embed(ids)
+        return x if self.embedding_multiplier is None else x * self.embedding_multiplier
 
     # ---------------------------------------------------------------- one block of tokens
     @torch.inference_mode()
@@ -419,18 +136,16 @@ class Engine:
         """
         t, n = ids.shape[0], len(cache.layers)
         self._check_positions(cache.length, t)
-        x = self._embed(ids)
-        if self.embedding_multiplier is not None:
-            x = x * self.embedding_multiplier
+        x = self._embed(ids[None])
         starts = [lc.length for lc in cache.layers]
         if qkv_only_next:
             starts.append(cache.length)
-        call = _Call(cache, starts, hook, policy, n if qkv_only_next else None)
-        with self._driving(call):
+        call = Call(cache, starts, hook, policy, n if qkv_only_next else None)
+        with driving(self, call):
             try:
-                for i in range(len(starts)):
-                    x = self._layer(i, x, starts[i])
-            except _Exit:
+                for i, start in enumerate(starts):
+                    x = self._layer(i, x, torch.arange(start, start + t)[None], self.rotary.cos_sin(i, start, t, x), t)
+            except Exit:
                 self.flops.add("linear", self._qkv_flops[n] * t)
         for i, lc in enumerate(cache.layers):
             if self._windows[i] is not None:
@@ -443,12 +158,12 @@ class Engine:
             raise ValueError(f"positions up to {start + t - 1} would exceed the model's window "
                              f"({self.max_positions}); lower the chunk size or the cache budget")
 
-    def _layer(self, i: int, x: torch.Tensor, start: int) -> torch.Tensor:
-        t = x.shape[1]
-        out = self.layers[i](x, attention_mask=None, position_ids=torch.arange(start, start + t, device=x.device)[None],
-                             use_cache=True, position_embeddings=self.rotary.cos_sin(i, start, t, x),
-                             **{self._cache_arg: self._adapter})
-        self.flops.add("linear", self.layer_flops[i] * t)
+    def _layer(self, i: int, x: torch.Tensor, positions: torch.Tensor, tables, tokens: int) -> torch.Tensor:
+        """Decoder layer ``i`` on ``x`` [B, T, hidden] at ``positions`` [B, T] with their cos/sin ``tables``,
+        through the cache adapter; ``tokens``: how many rows are the model's work (not padding)."""
+        out = self.layers[i](x, attention_mask=None, position_ids=positions.to(x.device), use_cache=True,
+                             position_embeddings=tables, **{self._cache_arg: self._adapter})
+        self.flops.add("linear", self.layer_flops[i] * tokens)
         return out[0] if isinstance(out, tuple) else out
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling, window, softcap, sinks):
@@ -464,7 +179,7 @@ class Engine:
             k_pre = self.rotary.unrotate(k, start, i) if i == call.exit_layer else call.cache.layers[i].keys_pre[:, start:]
             hook.on_qkv(i, self.rotary.unrotate(q, start, i), k_pre, v[:, -t:])
         if i == call.exit_layer:
-            raise _Exit
+            raise Exit
         lc = call.cache.layers[i]
         if (arrange := getattr(policy, "arrange", None)) is not None:
             q, start = self._arrange(arrange, i, q, lc, start)
@@ -508,107 +223,6 @@ class Engine:
         self._check_positions(start, q.shape[1])
         lc.append(block_pre, self.rotary.rotate(block_pre, start, i), block_v)
         return self.rotary.rotate(q_pre, start, i), start
-
-    def _check_against_model(self, n: int = 12) -> None:
-        """Refuse the model unless the engine's logits equal the model's own forward on a short input:
-        once in one block, and once in two blocks with the cache re-packed in between (pre-RoPE keys
-        rotated afresh). Catches model-level code the engine does not run (embedding or logit scaling),
-        attention features it does not honour, and layers that do not go through the attention interface.
-
-        In fp32 "equal" means within 1e-4 of the largest logit. In half precision both sides carry
-        rounding noise of their own, so both are judged against the truth, the same weights' forward in
-        fp32: the engine's logits must land no further from it (relative RMS) than transformers' own
-        half-precision forward does, up to ``HALF_MARGIN`` times that plus ``HALF_SLACK``; and the engine
-        run on the same weights in fp32 must equal it within 1e-4, which catches a wrong layer that half
-        precision's rounding noise would hide."""
-        g = torch.Generator().manual_seed(0)
-        vocab = self.lm_head.weight.shape[0]
-        ids = torch.randint(0, vocab, (n,), generator=g).to(self.device)
-        try:
-            with torch.inference_mode():
-                ref = self.model(ids[None]).logits[0].float()
-            ours, chunked = self._engine_logits(ids)
-        except UnsupportedModelError as e:
-            raise UnsupportedModelError(f"model type '{self.name}': {e}") from None
-        except Exception as e:  # a layer the engine cannot drive: refuse, never half-run
-            raise self._cannot_drive(e) from None
-        if self.dtype == torch.float32:
-            self.check_distance = distance = relative_distance(ref, ours, chunked)
-            tol, judged = 1e-4, f"relative difference {distance:.1e}"
-        else:
-            try:
-                with self._float32_weights_per_layer():
-                    truth = self.model(ids[None]).logits[0].float()
-            except Exception:    # weights that have no fp32 form (e.g. quantised layers): the model's own
-                truth = None     # half-precision forward is the reference, within a fixed 3e-2
-            if truth is None:
-                self.check_distance = distance = relative_distance(ref, ours, chunked)
-                tol, judged = 3e-2, f"relative difference {distance:.1e} from its own forward"
-            else:
-                # the same weights in fp32 through the engine: equal within fp32's 1e-4, so a wrong layer
-                # is caught even where half precision's own rounding noise would hide it
-                try:
-                    with self._float32_weights_per_layer():
-                        exact = relative_distance(truth, *self._engine_logits(ids))
-                except Exception as e:
-                    raise self._cannot_drive(e) from None
-                if not exact <= 1e-4:
-                    raise UnsupportedModelError(
-                        f"model type '{self.name}': the engine's logits differ from the model's own forward "
-                        f"with the same weights in fp32 (relative difference {exact:.1e}, on a {n}-token check), "
-                        "so it computes something this engine does not")
-                self.check_distance = distance = relative_rms(truth, ours, chunked)
-                self.check_reference = reference = relative_rms(truth, ref)
-                tol = HALF_MARGIN * reference + HALF_SLACK
-                judged = (f"{distance:.1e} from the fp32 forward (relative RMS), where transformers' own "
-                          f"{str(self.dtype).removeprefix('torch.')} forward is {reference:.1e}")
-        if not distance <= tol:
-            raise UnsupportedModelError(f"model type '{self.name}': the engine's logits differ from the model's "
-                                        f"own forward ({judged}, on a {n}-token check), so it computes something "
-                                        "this engine does not")
-
-    def _cannot_drive(self, e: Exception) -> UnsupportedModelError:
-        first_line = (str(e).strip().splitlines() or [""])[0][:160]
-        return UnsupportedModelError(f"model type '{self.name}': the engine cannot drive its decoder layers "
-                                     f"({type(e).__name__}: {first_line})")
-
-    @torch.inference_mode()
-    def _engine_logits(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The engine's logits on ``ids`` in one block, and in two blocks with the cache re-packed in
-        between (pre-RoPE keys rotated afresh); FLOPs of the check are not counted."""
-        n = ids.shape[0]
-        ours = self.logits(self.forward(ids, KVCache.empty(self.shape.n_layers)))
-        cache = KVCache.empty(self.shape.n_layers)
-        first = self.logits(self.forward(ids[:n // 2], cache))
-        for lc in cache.layers:
-            lc.keep(torch.arange(lc.length, device=self.device).expand(lc.keys.shape[0], -1), self.rotary)
-        chunked = torch.cat([first, self.logits(self.forward(ids[n // 2:], cache))])
-        self.flops.reset()
-        if any(lc.length == 0 for lc in cache.layers):
-            raise UnsupportedModelError("its attention does not go through transformers' attention interface "
-                                        "and cache, which the engine drives")
-        return ours, chunked
-
-    @contextmanager
-    def _float32_weights_per_layer(self):
-        """Inside, the model computes in fp32 (the truth half precision rounds), through its own forward
-        or the engine's: each decoder layer is held in fp32 only while it runs (the embedding, final norm
-        and head for the whole block), so this costs one layer's fp32 copy, not the model's; the
-        half-precision weights are put back untouched."""
-        in_layers = {id(m) for layer in self.layers for m in layer.modules()}
-        held: dict[int, float32_weights] = {}          # the layer in fp32 right now (one at a time)
-        hooks = [h for layer in self.layers for h in (
-            layer.register_forward_pre_hook(lambda mod, args: held.__setitem__(id(mod), float32_weights([mod]))),
-            layer.register_forward_hook(lambda mod, args, out: held.pop(id(mod)).restore()))]
-        try:
-            with float32_weights([m for m in self.model.modules() if id(m) not in in_layers], recurse=False), \
-                    torch.inference_mode():
-                yield
-        finally:
-            for h in hooks:
-                h.remove()
-            for weights in held.values():                 # a layer whose forward raised
-                weights.restore()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM-head logits (float32) of hidden states from the full stack of layers, with the model's own
@@ -708,19 +322,13 @@ class Engine:
             raise ValueError("step takes generated token ids, which are in the vocabulary")
         rows = max(n, STEP_ROWS)
         batch.reserve(n, int(starts.max()) + 1)
-        x = self.embed(torch.cat([ids, ids[:1].expand(rows - n)])[:, None])
-        if self.embedding_multiplier is not None:
-            x = x * self.embedding_multiplier
+        x = self._embed(torch.cat([ids, ids[:1].expand(rows - n)])[:, None])
         spans = (starts.max(1).values + 1).tolist()
-        call = _StepCall(batch, n, starts, spans)
-        with self._driving(call):
-            for i, layer in enumerate(self.layers):
+        with driving(self, StepCall(batch, n, starts, spans)):
+            for i in range(len(self.layers)):
                 at = torch.cat([starts[:, i], starts[:1, i].expand(rows - n)])     # padding: the first's
-                out = layer(x, attention_mask=None, position_ids=at.to(self.device)[:, None], use_cache=True,
-                            position_embeddings=self._step_tables(i, at.tolist(), spans + spans[:1] * (rows - n), x),
-                            **{self._cache_arg: self._adapter})
-                x = out[0] if isinstance(out, tuple) else out
-                self.flops.add("linear", self.layer_flops[i] * n)
+                tables = self._step_tables(i, at.tolist(), spans + spans[:1] * (rows - n), x)
+                x = self._layer(i, x, at[:, None], tables, n)
         batch.lengths[:n] += 1
         logits = self.logits(x[:, -1])[:n]
         self.flops.add("lm_head", -self._head_flops * (rows - n))         # padding rows are not the model's work

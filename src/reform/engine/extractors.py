@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .core import ModelShape
+from .shape import ModelShape
 
 Kind = Literal["q", "k", "v"]
 

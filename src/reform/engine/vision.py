@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .core import UnsupportedModelError, decoder_stack
+from .shape import UnsupportedModelError, decoder_stack
 
 
 class _Stop(Exception):

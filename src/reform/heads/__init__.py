@@ -10,7 +10,7 @@ import warnings
 from importlib import resources
 from pathlib import Path
 
-from ..engine.core import ModelShape
+from ..engine.shape import ModelShape
 from ..engine.extractors import HeadSpec
 from ..notes import GuessedHeadsWarning
 

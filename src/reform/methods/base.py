@@ -17,7 +17,9 @@ import torch
 
 from ..documents.evidence import Source, passages
 from ..engine.cache import KVCache
-from ..engine.core import Engine, EvictionPolicy, ModelShape
+from ..engine.core import Engine
+from ..engine.plugins import EvictionPolicy
+from ..engine.shape import ModelShape
 from ..engine.layout import QuestionPart, Templater, as_tensor
 from ..engine.sampling import Sampling
 from ..stats import Timer

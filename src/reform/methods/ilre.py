@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.cache import KVCache
-from ..engine.core import Engine, ModelShape
+from ..engine.core import Engine
+from ..engine.shape import ModelShape
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import StreamingLLMPolicy
 from ..stats import Timer

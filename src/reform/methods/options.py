@@ -10,7 +10,7 @@ import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
 
-from ..engine.core import ModelShape
+from ..engine.shape import ModelShape
 
 
 class OptionError(ValueError):

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..engine.core import ModelShape
+from ..engine.shape import ModelShape
 from ..engine.layout import QuestionPart
 from ..stats import Timer
 from .base import Context, Method, Runtime, register

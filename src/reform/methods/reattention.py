@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..engine.core import ModelShape
+from ..engine.shape import ModelShape
 from ..engine.policies import KVStore, ReAttentionPolicy
 from .base import CachedMethod, Context, register
 from .options import pick, require_chunk_size, require_positive

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.cache import KVCache
-from ..engine.core import ModelShape
+from ..engine.shape import ModelShape
 from ..engine.extractors import HeadEmbeddings, HeadSpec
 from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import H2OPolicy, forced_mask, top_budget

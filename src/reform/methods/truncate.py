@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..engine.core import ModelShape
+from ..engine.shape import ModelShape
 from ..engine.layout import QuestionPart
 from ..engine.policies import forced_mask
 from ..stats import Timer
