@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from reform.engine import KVCache, LayerCache, StreamingLLMPolicy, TOVAPolicy
+from reform.engine import KVCache, LayerCache, StreamingLLMPolicy
+from reform.methods.tova import TOVAPolicy
 from reform.engine.layout import as_tensor
 from reform.methods import OptionError
 from reform.methods.rag import PassageIndex, pick_passages
@@ -135,7 +136,7 @@ def test_tova_keeps_what_the_last_query_attends_to_most_averaged_over_heads():
 
 def test_token_nll_matches_hf_loss_across_chunks(tiny_model):
     from reform.engine import Engine
-    from reform.engine.policies import token_nll
+    from reform.methods.infinipot import token_nll
     eng, ids = Engine(tiny_model), torch.randint(3, 128, (70,))
     cache = KVCache.empty(eng.shape.n_layers)
     h1 = eng.forward(ids[:40], cache)
@@ -151,7 +152,7 @@ def test_token_nll_matches_hf_loss_across_chunks(tiny_model):
 def infinipot_kept(model, nll, nuc_share):
     """Token indices (per KV head, layer 1) that InfiniPot keeps of a 60-token cache with the given NuC."""
     from reform.engine import Engine
-    from reform.engine.policies import InfiniPotPolicy
+    from reform.methods.infinipot import InfiniPotPolicy
     eng, ids = Engine(model), torch.randint(3, 128, (60,), generator=torch.Generator().manual_seed(3))
     cache = KVCache.empty(eng.shape.n_layers)
     eng.forward(ids, cache)
@@ -203,7 +204,7 @@ def test_infllm_keeps_evicted_tokens_in_memory_and_retrieves_within_the_active_b
 
 
 def test_block_memory_retrieves_the_block_whose_representatives_match():
-    from reform.engine.policies import BlockMemory
+    from reform.methods.infllm import BlockMemory
     mem = BlockMemory(block_size=4, repr_tokens=1)
     keys = torch.zeros(1, 14, 2)
     keys[0, 9] = torch.tensor([0.0, 5.0])                                  # in block 2 (tokens 8..11)

@@ -78,3 +78,23 @@ def test_code_cites_docs_not_the_readme():
     for path in (ROOT / "src" / "reform").rglob("*.py"):
         text = path.read_text()
         assert not re.search(r"README[\"' ]|DESIGN\.md", text), f"{path} cites the README or a missing file"
+
+
+def method_table(path: Path) -> set[str]:
+    """The method names in the first column of ``path``'s table headed ``| method |``."""
+    lines = prose(path.read_text()).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| method |"))
+    names = set()
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        names |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return names
+
+
+def test_the_method_tables_name_exactly_the_registered_methods():
+    """Adding a method is its file, one registry line and its rows here: the README's and methods.md's
+    tables list every method `--method` takes, and nothing else."""
+    from reform.methods import REGISTRY
+    for page in (ROOT / "README.md", ROOT / "docs" / "methods.md"):
+        assert method_table(page) == set(REGISTRY), page.name

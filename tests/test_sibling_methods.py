@@ -11,7 +11,7 @@ import torch
 from reform.engine import KVCache
 from reform.methods.ilre_layer import passkey_sample, sample_recalls, select_layer
 from reform.methods.ilre import allocate, attention_scores, key_positions
-from reform.engine.policies import KVStore, ReAttentionPolicy, spans, votes
+from reform.methods.reattention import KVStore, ReAttentionPolicy, spans, votes
 from reform.pipeline import Pipeline
 from reform.stats import Timer
 

@@ -19,6 +19,8 @@ import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ..methods import REGISTRY
+
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 _interrupt_note = ["nothing was written"]
@@ -111,10 +113,9 @@ def encode_progress(total: int, quiet: bool):
 # Shared options --------------------------------------------------------------------------------
 ModelOpt = typer.Option(None, "--model", "-m", help="HF model id, local directory, .gguf file or a packaged "
                         "model: smollm2 (the default, SmolLM2-135M-Instruct) or gemma-3-270m")
-MethodOpt = typer.Option("reform", "--method", help="long-context method: reform, full, truncate, streaming, h2o, "
-                         "tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (docs/methods.md)")
-DocumentMethodOpt = typer.Option(None, "--method", help="long-context method: reform, full, truncate, streaming, "
-                                 "h2o, tova, infinipot, infllm, rag-bm25, rag-dense, reform+rag (docs/methods.md); "
+METHODS = ", ".join(sorted(REGISTRY, key=lambda name: name != "reform"))     # every registered method, reform first
+MethodOpt = typer.Option("reform", "--method", help=f"long-context method: {METHODS} (docs/methods.md)")
+DocumentMethodOpt = typer.Option(None, "--method", help=f"long-context method: {METHODS} (docs/methods.md); "
                                  "default: reform, and for the documents of `ask FILE` and `encode`, reform+rag "
                                  "with --option retriever=dense+bm25 --option pool_passages=true",
                                  show_default=False)

@@ -6,8 +6,7 @@ from .cache import KVCache, LayerCache
 from .core import Engine
 from .shape import ModelShape, UnsupportedModelError, model_shape
 from .extractors import HeadEmbeddings, HeadSpec
-from .policies import H2OPolicy, InfiniPotPolicy, InfLLMPolicy, StreamingLLMPolicy, TOVAPolicy
+from .policies import H2OPolicy, StreamingLLMPolicy, TopBudget
 
 __all__ = ["KVCache", "LayerCache", "Engine", "ModelShape", "UnsupportedModelError", "model_shape",
-           "HeadEmbeddings", "HeadSpec", "H2OPolicy", "TOVAPolicy", "StreamingLLMPolicy", "InfiniPotPolicy",
-           "InfLLMPolicy"]
+           "HeadEmbeddings", "HeadSpec", "H2OPolicy", "StreamingLLMPolicy", "TopBudget"]

@@ -56,7 +56,7 @@ class CacheAdapter:
 
     is_compileable = False
 
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine):
         self.engine = engine
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -84,7 +84,7 @@ class CacheAdapter:
 
 
 ATTENTION_NAME = "reform"
-DRIVING: ContextVar["Engine"] = ContextVar("reform_engine")   # the engine whose forward is running
+DRIVING: ContextVar = ContextVar("reform_engine")   # the engine whose forward is running
 # the input embeddings that token ids past the vocabulary stand for (image positions; ``Engine.input_rows``)
 INPUT_ROWS: ContextVar["torch.Tensor | None"] = ContextVar("reform_input_rows", default=None)
 
@@ -109,7 +109,7 @@ def register_attention() -> None:
 
 
 @contextmanager
-def driving(engine: "Engine", call: Call | StepCall):
+def driving(engine, call: Call | StepCall):
     """Route the model's attention modules to ``reform_attention`` for the duration of one forward."""
     configs = {id(c): c for c in [engine.model.config, engine.config, *(getattr(a, "config", None)
                                                                          for a in engine.attention)] if c is not None}

@@ -59,7 +59,7 @@ class float32_weights:
         self.saved = []
 
 
-def check_against_model(engine: "Engine", n: int = 12) -> None:
+def check_against_model(engine, n: int = 12) -> None:
     """Refuse the model unless the engine's logits equal the model's own forward on a short input:
     once in one block, and once in two blocks with the cache re-packed in between (pre-RoPE keys
     rotated afresh). Catches model-level code the engine does not run (embedding or logit scaling),
@@ -118,14 +118,14 @@ def check_against_model(engine: "Engine", n: int = 12) -> None:
                                     "this engine does not")
 
 
-def cannot_drive(engine: "Engine", e: Exception) -> UnsupportedModelError:
+def cannot_drive(engine, e: Exception) -> UnsupportedModelError:
     first_line = (str(e).strip().splitlines() or [""])[0][:160]
     return UnsupportedModelError(f"model type '{engine.name}': the engine cannot drive its decoder layers "
                                  f"({type(e).__name__}: {first_line})")
 
 
 @torch.inference_mode()
-def engine_logits(engine: "Engine", ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def engine_logits(engine, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's logits on ``ids`` in one block, and in two blocks with the cache re-packed in
     between (pre-RoPE keys rotated afresh); FLOPs of the check are not counted."""
     n = ids.shape[0]
@@ -143,7 +143,7 @@ def engine_logits(engine: "Engine", ids: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 @contextmanager
-def float32_weights_per_layer(engine: "Engine"):
+def float32_weights_per_layer(engine):
     """Inside, the model computes in fp32 (the truth half precision rounds), through its own forward
     or the engine's: each decoder layer is held in fp32 only while it runs (the embedding, final norm
     and head for the whole block), so this costs one layer's fp32 copy, not the model's; the

@@ -1,6 +1,6 @@
 """The engine's plug-in contracts: a ``Hook`` sees each chunk's pre-RoPE Q/K/V (REFORM's retrieval
 embeddings, ``extractors.py``), an ``EvictionPolicy`` decides what each layer's cache keeps chunk by chunk
-(H2O, TOVA, ..., ``policies.py``)."""
+(``policies.py`` for the shared ones, the methods' own files for the rest)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """One module per long-context method (layer 3 of docs/architecture.md, "Where a method's logic lives"):
-a class named after its paper with a ``Config`` dataclass of options, registered by name; the engine
-policies they build live in ``reform.engine.policies``."""
+a class named after its paper with a ``Config`` dataclass of options and, when it evicts, its policy,
+registered by name; the policies several methods share live in ``reform.engine.policies``. Adding a
+method is its module and one import line here."""
 
 from .base import REGISTRY, Answer, CachedMethod, Context, Method
 from .full import Full
@@ -23,11 +24,8 @@ from .truncate import Truncate, TruncateConfig
 # keeps REFORM.
 DOCUMENTS_METHOD = ("reform+rag", {"retriever": "dense+bm25", "pool_passages": True})
 
-# Earlier names, kept for code that imports them: a method class is named after its paper (docs/architecture.md).
-H2OMethod, TOVAMethod, InfiniPotMethod, InfLLMMethod, Streaming = H2O, TOVA, InfiniPot, InfLLM, StreamingLLM
-
 __all__ = ["DOCUMENTS_METHOD", "REGISTRY", "Answer", "CachedMethod", "Context", "Method", "OptionError", "Full", "Reform",
            "ReformConfig", "ReformRag", "ReformRagConfig", "Truncate", "TruncateConfig", "StreamingLLM",
            "StreamingConfig", "H2O", "H2OConfig", "TOVA", "TOVAConfig", "RagBM25", "RagDense", "RagConfig",
            "InfiniPot", "InfiniPotConfig", "InfLLM", "InfLLMConfig", "ILRe", "ILReConfig", "ReAttention",
-           "ReAttentionConfig", "H2OMethod", "TOVAMethod", "InfiniPotMethod", "InfLLMMethod", "Streaming"]
+           "ReAttentionConfig"]

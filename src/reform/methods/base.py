@@ -9,7 +9,6 @@ A method's options are the fields of its ``Config`` dataclass (``Method.create``
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple, Protocol, Sequence
 
@@ -234,10 +233,6 @@ class Method:
         ``sampling`` says otherwise; ``fit_window`` as in ``Context.ask``)."""
         return Answering(self, ctx, part, max_new_tokens=max_new_tokens, on_text=on_text, sampling=sampling,
                          fit_window=fit_window)
-
-    def answer(self, ctx: Context, part: QuestionPart, **kwargs) -> Answer:
-        """``start``, then decode alone to the end."""
-        return self.start(ctx, part, **kwargs).run()
 
 
 class CachedMethod(Method):

@@ -59,4 +59,4 @@ class QuestionAlone(Method):
     the question, computed in full, and unlike ``Full`` never past the model's window (not registered:
     nothing to encode)."""
 
-    name = "full"
+    name = "no-context"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..engine.policies import H2OPolicy
 from .base import CachedMethod, register
-from .options import EvictionConfig, require_positive
+from .options import EvictionConfig, positive, require_positive
 
 
 @dataclass
@@ -15,13 +15,13 @@ class H2OConfig(EvictionConfig):
     """The same scorer REFORM compresses with: accumulated attention from the last ``score_window``
     (128, REFORM §4 setup) queries of every chunk; chunk = cache = W/4, first/last 256 kept."""
 
-    score_window: int = 128
+    score_window: int = positive(128)
 
     def check(self, shape) -> None:
         require_positive(score_window=self.score_window)
         super().check(shape)
 
-    def policy(self) -> H2O:
+    def policy(self) -> H2OPolicy:
         return H2OPolicy(self.cache_budget, self.keep_first, self.keep_last, self.score_window)
 
 

@@ -57,7 +57,7 @@ from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import StreamingLLMPolicy
 from ..stats import Timer
 from .base import Context, Method, Runtime, register
-from .options import pick, require_chunk_size, require_positive, require_room
+from .options import pick, positive, require_chunk_size, require_positive, require_room
 
 
 MAX_KERNELS = (2, 4, 8)
@@ -191,10 +191,10 @@ class ILReConfig:
     """
 
     retrieval_layer: int | None = None
-    chunk_size: int | None = None
-    cache_budget: int | None = None
+    chunk_size: int | None = positive()
+    cache_budget: int | None = positive()
     keep_first: int | None = None
-    recompute_budget: int | None = None
+    recompute_budget: int | None = positive()
     max_kernels: tuple[int, ...] = MAX_KERNELS
     avg_kernels: tuple[int, ...] = AVG_KERNELS
     dca: bool = False

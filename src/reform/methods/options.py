@@ -8,7 +8,7 @@ import math
 import types
 import typing
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..engine.shape import ModelShape
 
@@ -38,10 +38,12 @@ def check_names(method: str, config_cls: type | None, options: dict) -> None:
         raise OptionError(method, unknown, accepted)
 
 
-# Options that count tokens (or kernels, heads) and must be at least 1; every other whole-number option
-# (keep_first, keep_last, retrieval_layer) must be at least 0.
-POSITIVE = {"chunk_size", "cache_budget", "recompute_budget", "pool_window", "score_window", "passage_tokens",
-            "block_size", "repr_tokens", "local_size", "span_size", "top_k", "max_kernels", "avg_kernels"}
+def positive(default=None):
+    """A config field that, when given, must be at least 1 (a size, a budget, a count); every other
+    whole-number option (keep_first, keep_last, retrieval_layer) must be at least 0. The constraint lives
+    in the field's metadata, where ``typed_options`` reads it."""
+    return field(default=default, metadata={"positive": True})
+
 DTYPE_NAMES = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16",
                "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float": "float32"}
 
@@ -54,11 +56,12 @@ def typed_options(method: str, config_cls: type | None, options: dict) -> dict:
     check_names(method, config_cls, options)
     if config_cls is None:
         return {}
-    hints = typing.get_type_hints(config_cls)
-    return {k: _typed(method, k, hints[k], v) for k, v in given(options).items()}
+    hints, declared = typing.get_type_hints(config_cls), {f.name: f for f in fields(config_cls)}
+    return {k: _typed(method, k, hints[k], v, declared[k].metadata.get("positive", False))
+            for k, v in given(options).items()}
 
 
-def _typed(method: str, name: str, hint, value):
+def _typed(method: str, name: str, hint, value, positive: bool = False):
     import torch
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
@@ -71,7 +74,7 @@ def _typed(method: str, name: str, hint, value):
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{what} must be a whole number, got {value!r}")
-        if value < 1 and name in POSITIVE:
+        if value < 1 and positive:
             raise ValueError(f"{what} must be positive, got {value}")
         if value < 0:
             raise ValueError(f"{what} cannot be negative, got {value}")
@@ -182,8 +185,8 @@ class CacheConfig(ABC):
     """Options of a recurrent method that answers from its compressed cache. The paper runs its
     recurrent baselines with chunk = cache budget = 32k (W/4) and the first/last 256 tokens always kept."""
 
-    chunk_size: int | None = None
-    cache_budget: int | None = None
+    chunk_size: int | None = positive()
+    cache_budget: int | None = positive()
     keep_first: int | None = None
 
     def defaults(self, shape: ModelShape) -> dict:

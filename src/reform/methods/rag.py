@@ -17,7 +17,7 @@ from ..engine.shape import ModelShape
 from ..engine.layout import QuestionPart
 from ..stats import Timer
 from .base import Context, Method, Runtime, register
-from .options import pick, require_positive, require_room
+from .options import pick, positive, require_positive, require_room
 from .retrievers import BM25, Dense, Retriever
 
 
@@ -72,8 +72,8 @@ class RagConfig:
     """``recompute_budget`` context tokens are retrieved: REFORM's recompute budget (W/2 or the model
     preset's value), as the paper matches RAG's 8k retrieved tokens to REFORM's; passages of 128 tokens."""
 
-    recompute_budget: int | None = None
-    passage_tokens: int = 128
+    recompute_budget: int | None = positive()
+    passage_tokens: int = positive(128)
 
     def resolve(self, shape: ModelShape) -> "RagConfig":
         c = replace(self, recompute_budget=pick(self.recompute_budget, shape.window // 2))

@@ -36,7 +36,8 @@ from ..heads import load_preset, resolve_heads
 from ..stats import Timer
 from .base import Context, Method, Runtime, register
 from .checkpoint import Checkpoint
-from .options import INPUT_ONLY, added_later, keep_default, pick, require_chunk_fits, require_keep, require_positive, require_room
+from .options import (INPUT_ONLY, added_later, keep_default, pick, positive, require_chunk_fits, require_keep,
+                      require_positive, require_room)
 
 
 
@@ -177,9 +178,9 @@ class ReformConfig:
     """
 
     heads: tuple[HeadSpec, ...] = ()
-    chunk_size: int | None = None
-    cache_budget: int | None = None
-    recompute_budget: int | None = None
+    chunk_size: int | None = positive()
+    cache_budget: int | None = positive()
+    recompute_budget: int | None = positive()
     keep_first: int | None = None       # the compressed cache's always-kept first/last tokens (§3.1)
     keep_last: int | None = None
     # tokens always gathered at each end of the context (§3.3); default: the cache's keep, at most
@@ -187,7 +188,7 @@ class ReformConfig:
     # two ends would take half the budget, and with four or five needles of 129-token pooled windows a
     # fact went ungathered (docs/evaluation.md, gather sweep), so the keep scales down with small budgets.
     gather_keep: int | None = None
-    pool_window: int = 129
+    pool_window: int = positive(129)
     # > 0: each token's score adds its best ordered run of this many tokens matching as many question
     # tokens in order (``ordered_run_scores``). Not in the paper: keys made of pieces every other key also
     # has (RULER's UUID keys) match only in order (docs/evaluation.md, "Retrieval at 64k and 128k").
@@ -204,7 +205,7 @@ class ReformConfig:
     # names) no longer outscores the rare word actually asked about. Not in the paper; off by default until it
     # wins on real text and synthetic suites alike (docs/results/documents-debian-reference).
     query_baseline: float = field(default=0.0, metadata=added_later(0.0))
-    score_window: int = 128
+    score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
     profile: Profile = field(default="default", metadata=INPUT_ONLY)

@@ -11,7 +11,7 @@ import torch
 from ..engine.layout import QuestionPart
 from .base import Context, Runtime, register
 from .checkpoint import Checkpoint
-from .options import added_later, require_positive
+from .options import added_later, positive, require_positive
 from .rag import PassageIndex
 from .reform import Reform, ReformConfig, max_pool
 from .retrievers import BM25, Dense, Retriever
@@ -37,7 +37,7 @@ class ReformRagConfig(ReformConfig):
     ``(1 - weight) * reform + weight * dense``."""
 
     weight: float = 0.5
-    passage_tokens: int = 128
+    passage_tokens: int = positive(128)
     # which passage scores are mixed in: the paper's dense retriever, BM25 (no model: an index in well under
     # a second where the dense one takes minutes on a CPU), or both, each standardised and weighed equally
     retriever: str = field(default="dense", metadata=added_later("dense"))

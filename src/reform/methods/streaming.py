@@ -16,7 +16,7 @@ class StreamingConfig(CacheConfig):
     """``keep_first`` sink tokens (256, as the paper keeps for all baselines; W/32 for small windows) and
     the most recent ``cache_budget - keep_first`` tokens; chunk = cache = W/4."""
 
-    def policy(self) -> StreamingLLM:
+    def policy(self) -> StreamingLLMPolicy:
         return StreamingLLMPolicy(self.cache_budget, self.keep_first)
 
 

@@ -12,7 +12,7 @@ from ..engine.layout import QuestionPart
 from ..engine.policies import forced_mask
 from ..stats import Timer
 from .base import Context, Method, register
-from .options import pick, require_positive, require_room
+from .options import pick, positive, require_positive, require_room
 
 
 @dataclass
@@ -21,7 +21,7 @@ class TruncateConfig:
     preset's value), so the two compare at equal cost; ``keep_first`` of them from the start (default
     half), the rest from the end."""
 
-    recompute_budget: int | None = None
+    recompute_budget: int | None = positive()
     keep_first: int | None = None
 
     def resolve(self, shape: ModelShape) -> "TruncateConfig":
