@@ -12,7 +12,7 @@ variant costs seconds, not an encode).
 ``encode`` saves one ``.reform`` file per row (resumable: a row already saved is skipped, a row cut off goes on
 from its ``.partial`` checkpoint, saved every 5 min) beside a JSON
 line describing the row (task, length, sample, question, gold strings); ``measure`` loads each, gathers
-with every variant (``reform.methods.gather``), and writes recall per variant and per task to
+with every variant (``scripts/labs/gather_variants.py``), and writes recall per variant and per task to
 ``OUT/recall.jsonl`` and ``OUT/recall.md``, with an explanation of each miss of the paper's gather
 (``reform.eval.explain``) in ``OUT/explain.md``. Rows are ``reform eval ruler``'s (or, with ``--suite niah``,
 ``reform eval niah``'s): same seed, same rows.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from reform.machine import cpu_name
 from reform.methods.checkpoint import Checkpoint
 from reform.pipeline import Pipeline
 from reform.stats import Timer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "labs"))   # the gather variants (a lab)
 
 
 def encode(args) -> None:
@@ -67,7 +70,7 @@ def encode(args) -> None:
 
 
 def measure(args) -> None:
-    from reform.methods.gather import VARIANTS
+    from gather_variants import VARIANTS
     pipe = Pipeline.load(args.model)
     folder, out = Path(args.contexts), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,9 +161,9 @@ def answer_rows(pipe, metas: list[dict]) -> dict:
 
 def answer(ctx, row, variants: list[str], text: str) -> list[dict]:
     """Answer ``row`` with the paper's gather and each of ``variants`` (a number: REFORM's ``match_run``;
-    a name: that gather variant of ``reform.methods.gather``): score and recall."""
+    a name: that gather variant of ``scripts/labs/gather_variants.py``): score and recall."""
     from reform.eval.tasks.scoring import score
-    from reform.methods.gather import VARIANTS, reform_with
+    from gather_variants import VARIANTS, reform_with
     base, out, paper_kept = ctx.method, [], None
     part = ctx.pipeline.templater.question(row.question, row.answer_prefix)
     for variant in ["paper"] + [v for v in variants if v != "paper"]:

@@ -86,7 +86,8 @@ def test_gather_variants_keep_the_budget_and_the_ends():
     import sys
     sys.path.insert(0, "tests")
     from conftest import CharTokenizer, tiny
-    from reform.methods.gather import VARIANTS
+    sys.path.insert(0, "scripts/labs")
+    from gather_variants import VARIANTS
     from reform.pipeline import Pipeline
     pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
                     recompute_budget=100, gather_keep=8, pool_window=9)
@@ -212,7 +213,8 @@ def test_recall_lab_answers_each_variant_from_its_own_gather(monkeypatch):
     sys.path.insert(0, "tests")
     from conftest import CharTokenizer, tiny
     from reform.eval.rows import Row
-    from reform.methods import gather
+    sys.path.insert(0, "scripts/labs")
+    import gather_variants as gather
     from reform.pipeline import Pipeline
     spec = importlib.util.spec_from_file_location("recall_lab", "scripts/recall_lab.py")
     lab = importlib.util.module_from_spec(spec)

@@ -1,6 +1,6 @@
 """Gather variants on the docs suite: which recomputed set holds each question's evidence span? (a lab)
 
-    python docs/results/eval-docs/gather_lab.py MODEL CONTEXTS_DIR OUT.jsonl [VARIANT,...]
+    python scripts/labs/docs_gather_lab.py MODEL CONTEXTS_DIR OUT.jsonl [VARIANT,...]
 
 For each document of ``reform eval docs`` the context is encoded with REFORM's defaults once (saved under
 CONTEXTS_DIR, with the dense passage index beside it) and every question is gathered under each variant at

@@ -1,6 +1,6 @@
 """Gather variants on a real book: does the recomputed set hold the gold page / the answer string? (a lab)
 
-    python docs/results/documents-debian-reference/gather_lab.py MODEL CONTEXT.reform BOOK.pdf questions.json
+    python scripts/labs/book_gather_lab.py MODEL CONTEXT.reform BOOK.pdf questions.json
 
 encodes the book with REFORM once (saved to CONTEXT.reform), then gathers each question with every variant:
 the default (run_peaks), the paper's scores, centred embeddings (hubs), each question token less its own

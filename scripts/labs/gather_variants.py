@@ -1,4 +1,5 @@
-"""Gather variants for REFORM, measured against the paper's on saved contexts (``scripts/recall_lab.py``).
+"""Gather variants for REFORM, measured against the paper's on saved contexts (``scripts/recall_lab.py``); a lab,
+not part of the library.
 
 The paper's gather (§3.3, appendix C.6) scores each context token by its best cosine to any one question
 token. Two kinds of needle defeat that:
@@ -31,12 +32,12 @@ from dataclasses import fields, replace
 
 import torch
 
-from ..engine.policies import forced_mask
-from ..stats import Timer
-from .reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
+from reform.engine.policies import forced_mask
+from reform.stats import Timer
+from reform.methods.reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
                      token_scores)
-from .rag import PassageIndex
-from .reform_rag import RETRIEVERS, ReformRag, ReformRagConfig, retriever
+from reform.methods.rag import PassageIndex
+from reform.methods.reform_rag import RETRIEVERS, ReformRag, ReformRagConfig, retriever
 
 RARE = 8             # a token id seen at most this often in the context is "rare" (a name, a key, a number)
 EXPAND = 32          # tokens on each side of a first-round peak that may join the second round's query

@@ -2,8 +2,8 @@
 selects for recomputation contain the NIAH needle, and whether the answer is right; for ReAttention, in
 how many layers the question and the first answer token have the needle's value in their attention scope.
 
-    python scripts/diagnose_selection.py --method ilre --lengths 16k,32k --depths 0.25,0.5 [--option retrieval_layer=14] [--json]
-    python scripts/diagnose_selection.py --method reattention --lengths 16k,32k --depths 0.5
+    python scripts/labs/diagnose_selection.py --method ilre --lengths 16k,32k --depths 0.25,0.5 [--option retrieval_layer=14] [--json]
+    python scripts/labs/diagnose_selection.py --method reattention --lengths 16k,32k --depths 0.5
 
 Rows are `reform eval niah`'s (same seed), so a miss in its table can be traced here: "selected" says
 the needle's value survived selection (a miss then is a reading failure), "needle sentence" whether the

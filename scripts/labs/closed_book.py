@@ -1,6 +1,6 @@
 """The docs suite's questions with no document: how many does each model answer from what it already knows?
 
-    python docs/results/eval-docs/closed_book.py MODEL OUT.jsonl
+    python scripts/labs/closed_book.py MODEL OUT.jsonl
 
 Each question is asked of ``Pipeline.without_context()`` (the question alone, greedy, the suite's answer
 length) and scored as ``reform eval docs`` scores it: the answer contains one of the gold strings.
