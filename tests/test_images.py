@@ -9,6 +9,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from reform.engine.layout import as_tensor
+from reform.pipeline.inputs import tokenize_parts
 from reform.pipeline import Pipeline
 
 from conftest import tiny_vlm
@@ -90,7 +91,7 @@ def test_images_change_the_answer_path_and_a_saved_context_answers_the_same(vlm,
     again = loaded.ask("What colour is the picture?", max_new_tokens=6)
     assert again.tokens == first.tokens
     # another picture in the same place is another context: another content key
-    other = pipe.tokenize_parts([WORDS * 4, picture((30, 200, 30)), WORDS * 3, picture((30, 30, 200), "A"), WORDS * 4])
+    other = tokenize_parts(pipe, [WORDS * 4, picture((30, 200, 30)), WORDS * 3, picture((30, 30, 200), "A"), WORDS * 4])
     assert torch.equal(other[0], ctx.ids)
     assert pipe.context_key(ctx.ids, image_rows=ctx.image_rows) != pipe.context_key(other[0], image_rows=other[1])
 
@@ -102,8 +103,8 @@ def test_image_parts_from_files_and_bytes(vlm, tmp_path):
     picture((200, 30, 30)).save(path)
     buffer = io.BytesIO()
     picture((200, 30, 30)).save(buffer, format="PNG")
-    a, rows_a = pipe.tokenize_parts([WORDS, path])
-    b, rows_b = pipe.tokenize_parts([WORDS, buffer.getvalue()])
+    a, rows_a = tokenize_parts(pipe, [WORDS, path])
+    b, rows_b = tokenize_parts(pipe, [WORDS, buffer.getvalue()])
     assert torch.equal(a, b) and torch.equal(rows_a, rows_b)
 
 
@@ -115,7 +116,7 @@ def test_image_parts_from_files_and_bytes(vlm, tmp_path):
 def test_bad_parts_are_refused_in_one_line(vlm, bad, message):
     from reform.documents import DocumentError
     with pytest.raises((TypeError, ValueError, DocumentError), match=message):
-        make(vlm).tokenize_parts(bad)
+        tokenize_parts(make(vlm), bad)
 
 
 def test_text_models_and_text_methods_refuse_images(vlm, tiny_model, tokenizer):

@@ -139,7 +139,8 @@ def image_kept(pipe, ids, kept, row: Row, index: int) -> float | None:
 def image_positions(pipe, image) -> int:
     """How many image-token positions the model's processor gives ``image`` (bytes or a path)."""
     from ..engine.vision import image_token_id
-    return int((pipe.prepare_image(image)[0] == image_token_id(pipe.engine.model)).sum())
+    from ..pipeline.inputs import prepare_image
+    return int((prepare_image(pipe, image)[0] == image_token_id(pipe.engine.model)).sum())
 
 
 def resolved_options(method) -> dict | None:

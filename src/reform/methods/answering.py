@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -24,9 +24,6 @@ from ..engine.cache import KVCache
 from ..engine.layout import QuestionPart
 from ..engine.sampling import Sampling, StopScanner
 from ..stats import Timer, peak_cuda_mb, peak_memory_mb
-
-if TYPE_CHECKING:
-    from .base import Context, Method
 
 
 @dataclass
@@ -61,8 +58,9 @@ class Answering:
     ``alone``: the answer cannot decode in a batch (a generation policy re-selects its cache at every token,
     as ReAttention's does, or it runs past the model's window), so its tokens come from ``advance``."""
 
-    def __init__(self, method: "Method", ctx: "Context", part: QuestionPart, *, max_new_tokens: int,
+    def __init__(self, method, ctx, part: QuestionPart, *, max_new_tokens: int,
                  on_text: Callable[[str], None] | None, sampling: Sampling, fit_window: bool):
+        # ``method`` is a ``base.Method`` and ``ctx`` a ``base.Context``, which import this module
         pipe, engine = ctx.pipeline, ctx.pipeline.engine
         self.method, self.ctx, self.part, self.on_text = method, ctx, part, on_text
         self.timer = timer = Timer()

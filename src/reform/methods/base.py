@@ -40,6 +40,8 @@ class Runtime(Protocol):
     identity: dict
     segment_runner: Callable[[list], list] | None
 
+    def save_context(self, ctx: "Context", path, *, partial: dict | None = None) -> int: ...
+
 
 @dataclass
 class Context:
@@ -134,21 +136,9 @@ class Context:
     def save(self, path, *, partial: dict | None = None) -> int:
         """Write this context to ``path`` (one safetensors file with a JSON manifest, atomically, see
         ``reform.store.format``); ``Pipeline.load_context(path)`` reads it back. Returns bytes written.
-        ``partial``: this is an unfinished encode's state (``methods/checkpoint.py``), not a context to ask."""
-        from datetime import datetime, timezone
-
-        from ..store.format import ids_sha256, write_context_file
-        from ..version import __version__
-        from .options import options_json
-        from .saved import context_tensors
-        tensors, layout = context_tensors(self)
-        manifest = {"library_version": __version__, "model": self.pipeline.identity,
-                    "method": {"name": self.method.name, "options": options_json(self.method.config)},
-                    "tokens": int(self.ids.shape[0]), "ids_sha256": ids_sha256(self.ids),
-                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "encode": {"seconds": round(self.encode_seconds, 3)}, **layout,
-                    **({"partial": partial} if partial is not None else {})}
-        return write_context_file(path, tensors, manifest)
+        ``partial``: this is an unfinished encode's state (``methods/checkpoint.py``), not a context to ask.
+        The pipeline writes it (``methods/saved.py``, the round trip in one place)."""
+        return self.pipeline.save_context(self, path, partial=partial)
 
 
 class Prompt(NamedTuple):

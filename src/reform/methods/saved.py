@@ -1,25 +1,32 @@
-"""A ``Context`` as named tensors and back (the file format itself is ``reform.store.format``).
+"""A ``Context`` to a file and back: the saved-context round trip (the file format itself is
+``reform.store.format``). ``Context.save`` and ``Pipeline.load_context`` both come here.
 
 Every method's context has its token ids and, for the compressing methods, the final compressed cache of
 the layers it ran: per layer the pre-RoPE keys, values and eviction scores where present. Rotated keys are
 stored only where re-rotating the pre-RoPE keys at positions 0..n-1 does not reproduce them bit for bit,
 so a loaded cache is exactly the saved one. The rest (REFORM's embeddings, ILRe's keys, InfLLM's block
-memory, ...) comes from the method's own ``saved_state``/``restore_state``.
+memory, ...) comes from the method's own ``saved_state``/``restore_state``. A file is read back only by
+the model, tokenizer, prompt layout and dtype it was made with (``check_identity``).
 """
 
 from __future__ import annotations
 
-import torch
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
-from typing import TYPE_CHECKING
+import torch
 
 from ..documents.evidence import Source
 from ..documents.extracted import Extracted, Mark
 from ..engine.cache import KVCache, LayerCache
+from ..engine.core import Engine
+from ..store.format import ContextFileError, ids_sha256, read_manifest, read_tensors, write_context_file
+from ..version import __version__
+from .base import REGISTRY, Context, Method, Runtime
+from .options import options_from_json, options_json
 
-if TYPE_CHECKING:      # type-only: ``Context`` (base.py) imports this module to save itself
-    from ..engine.core import Engine
-    from .base import Context
+DTYPE_FLAGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 _CACHE_PARTS = ("keys_pre", "keys", "values", "scores")
 
@@ -89,3 +96,80 @@ def restore_parts(engine: Engine, tensors: dict[str, torch.Tensor], layout: list
             cache.layers.append(lc)
     state = {k[len("state."):]: on_device(v) for k, v in tensors.items() if k.startswith("state.")}
     return on_device(tensors["ids"].long()), cache, state
+
+
+def save_context(ctx: Context, path: str | Path, *, partial: dict | None = None) -> int:
+    """Write ``ctx`` to ``path`` (one safetensors file with a JSON manifest, atomically); returns bytes
+    written. ``partial``: this is an unfinished encode's state (``methods/checkpoint.py``)."""
+    tensors, layout = context_tensors(ctx)
+    manifest = {"library_version": __version__, "model": ctx.pipeline.identity,
+                "method": {"name": ctx.method.name, "options": options_json(ctx.method.config)},
+                "tokens": int(ctx.ids.shape[0]), "ids_sha256": ids_sha256(ctx.ids),
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "encode": {"seconds": round(ctx.encode_seconds, 3)}, **layout,
+                **({"partial": partial} if partial is not None else {})}
+    return write_context_file(path, tensors, manifest)
+
+
+def load_context(pipe: Runtime, path: str | Path, *, unfinished: bool = False) -> Context:
+    """The context saved at ``path``, checked to belong to ``pipe``'s model (config, weights, tokenizer,
+    layout, dtype), rebuilt with the method and options it was encoded with. Raises ``ContextFileError``
+    (one line) for a missing, truncated, corrupted or foreign file, and for an unfinished encode's
+    checkpoint unless ``unfinished``."""
+    t = time.perf_counter()
+    manifest = read_manifest(path)
+    if "partial" in manifest and not unfinished:
+        done = (manifest["partial"] or {}).get("tokens", "?")
+        raise ContextFileError(f"{path} is an unfinished encode ({done} of {manifest.get('tokens', '?')} tokens): "
+                               "run the encode again with it as its checkpoint to finish it")
+    check_identity(pipe.identity, manifest.get("model") or {}, path)
+    try:
+        method = method_from(pipe, manifest.get("method") or {})
+    except ValueError as e:
+        raise ContextFileError(f"{path}: {e}") from None
+    tensors = read_tensors(path, manifest)
+    if "ids" not in tensors or ids_sha256(tensors["ids"]) != manifest.get("ids_sha256"):
+        raise ContextFileError(f"{path} is corrupted: its token ids do not match their digest")
+    engine = pipe.engine
+    try:
+        ids, cache, state = restore_parts(engine, tensors, manifest.get("cache"))
+        ctx = Context(pipe, method, ids, cache=cache, image_rows=tensors.get("image_rows"),
+                      source=restore_source(tensors, manifest.get("source")))
+        if ctx.image_rows is not None:
+            ctx.image_rows = ctx.image_rows.to(engine.device, engine.dtype)
+        if int(ids.max()) >= engine.vocab + (0 if ctx.image_rows is None else ctx.image_rows.shape[0]):
+            raise ValueError("its token ids name image positions it holds no embeddings for")
+        method.restore_state(ctx, state)
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise ContextFileError(f"{path} is corrupted: {e}") from None
+    ctx.load_seconds = time.perf_counter() - t
+    return ctx
+
+
+def check_identity(mine: dict, saved: dict, path) -> None:
+    """Refuse, in one line, a context made with another model, tokenizer, layout or dtype."""
+    made = saved.get("name", "another model")
+    if saved.get("tokenizer_sha256") != mine["tokenizer_sha256"]:
+        raise ContextFileError(f"{path} was encoded with another tokenizer (model {made}); ask it with "
+                               f"--model {saved.get('source', made)}")
+    if saved.get("config_sha256") != mine["config_sha256"] or saved.get("weights_sha256") != mine["weights_sha256"]:
+        raise ContextFileError(f"{path} was encoded with another model ({made}); ask it with "
+                               f"--model {saved.get('source', made)}")
+    if saved.get("layout_sha256") != mine["layout_sha256"]:
+        raise ContextFileError(f"{path} was encoded with another prompt layout (chat template on/off)")
+    if saved.get("dtype") != mine["dtype"]:
+        raise ContextFileError(f"{path} was encoded in {saved.get('dtype')} and this model runs in "
+                               f"{mine['dtype']}; load it with --dtype {DTYPE_FLAGS.get(saved.get('dtype'), '?')}")
+
+
+def method_from(pipe: Runtime, spec: dict) -> Method:
+    """The method a saved context names, rebuilt from its resolved options."""
+    name = spec.get("name")
+    if name not in REGISTRY:
+        raise ValueError(f"method '{name}' is not known to this version of reform")
+    cls = REGISTRY[name]
+    method = cls.create(pipe.engine.shape, pipe.model_name, None,
+                        **options_from_json(cls.Config, spec.get("options") or {}))
+    if options_json(method.config) != options_json(method.config, spec.get("options") or {}):
+        raise ValueError(f"method '{name}' cannot be rebuilt with the saved options {spec.get('options')}")
+    return method

@@ -40,7 +40,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.sampling import Sampling
-from .admission import BodyLimit, Guard, Waiting, body_bytes, still_wanted
+from .admission import Waiting, still_wanted
+from .edge import BodyLimit, Guard, body_bytes
 from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
 from .service import ChatJob, Keys, Service, Settings
@@ -187,7 +188,7 @@ def service_of(request: Request) -> Service:
 
 
 def tenant_of(request: Request) -> Tenant:
-    """The tenant whose key the request carries (``admission.Guard`` found it)."""
+    """The tenant whose key the request carries (``edge.Guard`` found it)."""
     return request.state.tenant
 
 

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from ..documents import DocumentError, Extracted, Limits, UnsupportedDocument, extract_bytes
 from ..documents.folder import join
 from ..engine.layout import as_tensor
+from ..pipeline.inputs import check_takes_images
 from .admission import Line
 from .files import FileStore
 from .metrics import Metrics
@@ -288,7 +289,7 @@ class Service:
             raise ApiError(400, "images cannot be sent with a context_id; send the document in the messages",
                            param="context_id")
         try:
-            self.pipe.check_takes_images()
+            check_takes_images(self.pipe)
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
         for part in parts:
