@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from reform.cli.main import app
 from reform.eval.benchmarks import infinitebench as ib
+from reform.eval.benchmarks import infinitebench_synthetic as synthetic
 from reform.eval.rows import Row
 from reform.eval.tasks.scoring import score as row_score
 
@@ -177,8 +178,8 @@ def follow_expression(text: str) -> list[int]:
 
 
 def test_generated_tasks_are_right_by_independent_checks(tmp_path):
-    paths = ib.generate(tmp_path, 4096, 5, seed=1)
-    assert sorted(p.stem for p in paths) == sorted(ib.SYNTHETIC)
+    paths = synthetic.generate(tmp_path, 4096, 5, seed=1)
+    assert sorted(p.stem for p in paths) == sorted(synthetic.SYNTHETIC)
     files = {p.stem: [json.loads(line) for line in p.read_text().splitlines()] for p in paths}
     assert all(isinstance(e["answer"], list) and len(e["answer"]) == 1 for examples in files.values() for e in examples)
     answers = {task: [e["answer"][0] for e in examples] for task, examples in files.items()}   # the released shape
@@ -207,11 +208,11 @@ def test_generated_tasks_are_right_by_independent_checks(tmp_path):
         exec(e["context"].split(":\n\n", 1)[1], namespace)       # the functions, run by Python itself
         call = re.search(r"(func_\d+)\((-?\d+)\)", e["input"])
         assert namespace[call.group(1)](int(call.group(2))) == value
-    assert ib.generate(tmp_path / "again", 4096, 5, seed=1)[0].read_text() == paths[0].read_text()   # by seed
+    assert synthetic.generate(tmp_path / "again", 4096, 5, seed=1)[0].read_text() == paths[0].read_text()   # by seed
 
 
 def test_generated_rows_score_their_own_answer_and_not_another(tmp_path):
-    ib.generate(tmp_path, 2048, 2, tasks=["passkey", "kv_retrieval", "math_find", "code_run", "number_string"])
+    synthetic.generate(tmp_path, 2048, 2, tasks=["passkey", "kv_retrieval", "math_find", "code_run", "number_string"])
     rows = ib.load_rows(tmp_path, CharTokenizer(), ["passkey", "kv_retrieval", "math_find", "code_run",
                                                    "number_string"])
     for row in rows:
@@ -222,7 +223,7 @@ def test_generated_rows_score_their_own_answer_and_not_another(tmp_path):
 
 def test_generate_refuses_tasks_it_cannot_write(tmp_path):
     with pytest.raises(ValueError, match="only the synthetic tasks"):
-        ib.generate(tmp_path, 4096, 1, tasks=["longbook_qa_eng"])
+        synthetic.generate(tmp_path, 4096, 1, tasks=["longbook_qa_eng"])
 
 
 def test_verbatim_rows_lay_out_the_official_prompt(tiny_model_dir):

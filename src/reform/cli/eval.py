@@ -273,12 +273,13 @@ def infinitebench(data_dir: Path = typer.Argument(..., help="the folder of ∞-B
     """∞-Bench from its official files, prompts, generation lengths and scorers (REFORM Table 3); --generate
     writes its synthetic tasks at any length (docs/evaluation.md)."""
     from ..eval.benchmarks import infinitebench as ib
+    from ..eval.benchmarks import infinitebench_synthetic as synthetic
     try:
         if generate:
             if length is None:
                 raise CliError("--generate needs --length (e.g. 128k)")
             with refused():
-                written = ib.generate(data_dir, one_length(length), samples or 5, seed, _split(tasks))
+                written = synthetic.generate(data_dir, one_length(length), samples or 5, seed, _split(tasks))
             err.print(f"wrote {', '.join(str(p) for p in written)}", markup=False, highlight=False)
             return
         if length is not None:

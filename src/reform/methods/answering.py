@@ -61,7 +61,7 @@ class Answering:
     def __init__(self, method, ctx, part: QuestionPart, *, max_new_tokens: int,
                  on_text: Callable[[str], None] | None, sampling: Sampling, fit_window: bool):
         # ``method`` is a ``base.Method`` and ``ctx`` a ``base.Context``, which import this module
-        pipe, engine = ctx.pipeline, ctx.pipeline.engine
+        engine = ctx.pipeline.engine
         self.method, self.ctx, self.part, self.on_text = method, ctx, part, on_text
         self.timer = timer = Timer()
         timer.add("encode", ctx.encode_seconds)
@@ -194,6 +194,14 @@ class Together:
         self.members.append(answering)
         return False
 
+    def admit(self, answering: Answering) -> Answer | None:
+        """A prefilled answer into the batch: its ``Answer`` at once when it must run alone (decoded now) or
+        ended at its first token, else None (it joined; ``step`` returns it when it ends). How
+        ``answer_together`` and the server's loop (``server/scheduler.py``) both start answers."""
+        if answering.alone:
+            return answering.run()
+        return answering.answer() if self.add(answering) else None
+
     def step(self) -> list[Answering]:
         """One decoding step for every member; returns the members that ended at it."""
         if not self.members:
@@ -240,15 +248,12 @@ def answer_together(starts: Sequence[Callable[[], Answering]], max_batch: int = 
                     raise
                 results[i] = e
                 continue
-            if answering.alone:
-                results[i] = answering.run()
-                continue
             engine = answering.ctx.pipeline.engine
             together = together or Together(engine, max_batch)
             if engine is not together.engine:
                 raise ValueError("answers decode together only on one model: these contexts belong to two")
-            if together.add(answering):
-                results[i] = answering.answer()
+            if (answer := together.admit(answering)) is not None:
+                results[i] = answer
             else:
                 index[id(answering)] = i
         if together is not None:

@@ -219,14 +219,11 @@ class Scheduler:
         """A prefilled answer: it runs alone now when it cannot decode in a batch, ends at its first token,
         or joins the batch (its job resolves when it ends)."""
         answering = underway.answering
-        if answering.alone:
-            job.resolve(True, underway.result(answering.run()))
-            return
-        while self.together.room() == 0:       # only after an encode of its own: the batch filled meanwhile
+        while self.together.room() == 0 and not answering.alone:   # only after an encode of its own
             if not self.pause(job, ROOM):
                 raise RuntimeError("the decoding batch is full")
-        if self.together.add(answering):
-            job.resolve(True, underway.result(answering.answer()))
+        if (answer := self.together.admit(answering)) is not None:
+            job.resolve(True, underway.result(answer))
         else:
             self.decoding[id(answering)] = (job, underway)
 
