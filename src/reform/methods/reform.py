@@ -184,26 +184,22 @@ class ReformConfig:
     keep_first: int | None = None       # the compressed cache's always-kept first/last tokens (§3.1)
     keep_last: int | None = None
     # tokens always gathered at each end of the context (§3.3); default: the cache's keep, at most
-    # recompute_budget / 8. The paper's 256 is 1/32-1/64 of its 8k-16k budgets; at SmolLM2's 1024 the
-    # two ends would take half the budget, and with four or five needles of 129-token pooled windows a
-    # fact went ungathered (docs/evaluation.md, gather sweep), so the keep scales down with small budgets.
+    # recompute_budget / 8, so that at small budgets the two ends leave room for the facts (the paper's
+    # 256 is 1/32-1/64 of its budgets; docs/evaluation.md, gather sweep)
     gather_keep: int | None = None
     pool_window: int = positive(129)
-    # > 0: each token's score adds its best ordered run of this many tokens matching as many question
-    # tokens in order (``ordered_run_scores``). Not in the paper: keys made of pieces every other key also
-    # has (RULER's UUID keys) match only in order (docs/evaluation.md, "Retrieval at 64k and 128k").
+    # > 0: each token's score adds its best ordered run of this many tokens matching the question's in
+    # order (``ordered_run_scores``), for keys made of pieces every other key has too (RULER's UUIDs). Not
+    # in the paper (docs/evaluation.md, "Retrieval at 64k and 128k").
     match_run: int = field(default=0, metadata=added_later(0))
-    # > 0: of the best distinct ordered runs (``PEAK_RUN`` tokens in the question's order) this many are
-    # looked at, and the window around each that the paper's gather does not hold whole is gathered
-    # first; the paper's ranking fills the rest. Not in the paper; where ``match_run`` re-ranks every token,
-    # this gathers exactly what the paper does whenever the best run's window is already in it. On by default since
-    # it raised recall at 32k-128k and changed no row the paper's gather covered (docs/evaluation.md,
-    # "run_peaks"); 0 is the paper's gather, and what files saved before the option existed stand for.
+    # > 0: the windows around this many of the best distinct ordered runs (``PEAK_RUN`` tokens in the
+    # question's order) that the paper's ranking leaves out are gathered first; the ranking fills the rest,
+    # so wherever it already holds the best run this is the paper's gather. Not in the paper
+    # (docs/evaluation.md, "run_peaks"); 0 is the paper's gather, and what older saved files stand for.
     run_peaks: int = field(default=1, metadata=added_later(0))
-    # in (0, 1): each question token's cosine is taken less its own ``query_baseline`` quantile over the
-    # context (``query_offsets``), so a question word that matches every window of a real book (its recurring
-    # names) no longer outscores the rare word actually asked about. Not in the paper; off by default until it
-    # wins on real text and synthetic suites alike (docs/results/documents-debian-reference).
+    # in (0, 1): each question token's cosine less its own quantile over the context (``query_offsets``),
+    # so a word that matches every window (a book's recurring names) does not outscore the rare word asked
+    # about. Not in the paper; off by default (docs/results/documents-debian-reference).
     query_baseline: float = field(default=0.0, metadata=added_later(0.0))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
