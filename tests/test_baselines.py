@@ -344,8 +344,8 @@ def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
     c = pipe.method.config
     assert (c.chunk_size, c.cache_budget, c.keep_first, c.keep_last, c.score_window) == (128, 128, 16, 16, 128)
     assert Pipeline(tiny(), tokenizer, method="truncate").method.config.recompute_budget == 256
-    import reform.pipeline as pipeline
-    monkeypatch.setattr(pipeline, "find_preset", lambda name: {"defaults": {"recompute_budget": 100}})
+    import reform.pipeline.checks as checks
+    monkeypatch.setattr(checks, "find_preset", lambda name: {"defaults": {"recompute_budget": 100}})
     for name in ("truncate", "rag-bm25"):                                   # same budget as REFORM's preset
         assert Pipeline(tiny(), tokenizer, method=name).method.config.recompute_budget == 100
     assert Pipeline(tiny(), tokenizer, method="truncate", recompute_budget=50).method.config.recompute_budget == 50
@@ -353,9 +353,9 @@ def test_window_derived_defaults_and_preset_budget(monkeypatch, tokenizer):
 
 
 def test_preset_defaults_scoped_to_one_method(monkeypatch, tokenizer):
-    import reform.pipeline as pipeline
+    import reform.pipeline.checks as checks
     scoped = {"recompute_budget": 100, "reattention": {"cache_budget": 256, "local_size": 128, "chunk_size": 64}}
-    monkeypatch.setattr(pipeline, "find_preset", lambda name: {"defaults": scoped})
+    monkeypatch.setattr(checks, "find_preset", lambda name: {"defaults": scoped})
     c = Pipeline(tiny(), tokenizer, method="reattention").method.config
     assert (c.cache_budget, c.local_size, c.chunk_size) == (256, 128, 64)
     assert Pipeline(tiny(), tokenizer, method="h2o").method.config.cache_budget == 128      # not ReAttention's
