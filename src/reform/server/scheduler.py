@@ -132,34 +132,37 @@ class Scheduler:
                     self.arrived.wait()
                 if self.pending and self.pending[0] is None and not self.paused and not self.together:
                     return                              # stop: every job before it ran, every answer ended
-                job = self.schedule()
-                if job is None and not self.together:   # whatever waits, waits on a job not queued yet
+                pending, paused = list(self.pending), list(self.paused)
+            job = self.schedule(pending, paused)       # outside the lock: readiness may ask the store
+            if job is None and not self.together:       # whatever waits, waits on a job not queued yet
+                with self.arrived:
                     self.arrived.wait(0.05)
-                    continue
+                continue
             if job is None or job is self.encoder:
                 self.decode(self.owed)      # the batch's turn: a step, or as long as the encode's last chunk
                 self.owed = 0.0
             if job is not None:
                 self.owed += self.execute(job)
 
-    def schedule(self) -> Job | None:
-        """The next job to run a unit of (under ``arrived``), or None: decode a step instead.
+    def schedule(self, pending: list[Job | None], paused: list[Job]) -> Job | None:
+        """The next job to run a unit of, taken off its queue, or None: decode a step instead. ``pending``
+        and ``paused``: the queues as they were (only this thread takes jobs off them).
 
         Invariant: at most one job encodes at a time; a question starts only while the batch has room;
         each tenant's jobs start in arrival order among those ready; of the ready ones, the tenant whose
         unit ran longest ago goes first, a new job before a paused one of the same tenant."""
         candidates: dict[str, Job] = {}
-        for job in self.pending:
+        for job in pending:
             if job is None:
                 break                                   # stop: nothing after it starts
             if job.tenant not in candidates and self.ready_to_start(job):
                 candidates[job.tenant] = job
-        waiting = [j for j in self.paused if self.ready_to_go_on(j)]
-        ready = list(candidates.values()) + waiting
+        ready = list(candidates.values()) + [j for j in paused if self.ready_to_go_on(j)]
         if not ready:
             return None
         job = min(ready, key=lambda j: (self.turns.get(j.tenant, -1), j.runner is not None))
-        (self.paused if job.runner is not None else self.pending).remove(job)
+        with self.arrived:
+            (self.paused if job.runner is not None else self.pending).remove(job)
         self.turns_taken += 1
         self.turns[job.tenant] = self.turns_taken
         return job
