@@ -93,8 +93,11 @@ def multihop_facts(rng: random.Random, n_chains: int = 3) -> tuple[list[str], li
 
 def hotpot_facts(rng: random.Random, distractors: int = 2) -> tuple[list[str], list[int], str]:
     """A HotpotQA question's gold paragraphs and ``distractors`` of its other paragraphs (REFORM C)."""
-    while (item := ruler.hotpotqa(rng.randrange(ruler.hotpotqa_count()))) is None:
-        pass
+    for _ in range(100):
+        if (item := ruler.hotpotqa(rng.randrange(ruler.hotpotqa_count()))) is not None:
+            break
+    else:
+        raise ValueError("RULER's hotpotqa.json holds no question with its supporting facts among its paragraphs")
     others = [t for t, _ in item.paragraphs if t not in item.gold]
     chosen = list(item.gold) + rng.sample(others, min(distractors, len(others)))
     return [item.text(t) for t in chosen], list(range(len(item.gold))), item.question
