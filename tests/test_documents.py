@@ -180,8 +180,10 @@ def test_damaged_encrypted_scanned_and_huge_pdfs_are_refused_in_one_line(tmp_pat
     from PIL import Image
     scan = io.BytesIO()
     Image.new("RGB", (400, 500), "white").save(scan, "PDF")
-    with pytest.raises(DocumentError, match="no text layer"):
+    with pytest.raises(DocumentError, match="no text that OCR can read"):     # a blank scan
         extract_bytes(scan.getvalue(), "scan.pdf")
+    with pytest.raises(DocumentError, match="no text layer .*--ocr auto reads it by OCR"):
+        extract_bytes(scan.getvalue(), "scan.pdf", Limits(ocr="never"))
 
     writer = PdfWriter()
     for _ in range(10_000):
@@ -197,9 +199,11 @@ def test_html_of_only_scripts_and_unsupported_types_are_refused():
     with pytest.raises(DocumentError, match="has no text"):
         extract_bytes(page, "scripts.html")
     with pytest.raises(UnsupportedDocument, match="an image"):
+        extract_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32, "photo.png", Limits(ocr="never"))
+    with pytest.raises(DocumentError, match="not an image PIL can read"):
         extract_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32, "photo.png")
-    with pytest.raises(UnsupportedDocument, match="spreadsheet"):
-        extract_bytes(zip_with("xl/workbook.xml", b"<x/>"), "sheet.xlsx")
+    with pytest.raises(UnsupportedDocument, match="a zip archive; unpack it and give the folder"):
+        extract_bytes(zip_with("data/records.bin", b"<x/>"), "backup.zip")
     with pytest.raises(DocumentError, match="is empty"):
         extract_bytes(b"  \n", "blank.txt")
 

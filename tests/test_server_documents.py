@@ -89,13 +89,48 @@ def test_multipart_uploads_of_documents_to_contexts(live, library):
     assert raw.status_code in (200, 202) and raw.json()["id"] != key     # another name: another map, another id
 
 
+def test_a_workbook_and_a_deck_uploaded_are_answered_with_rows_and_slides_as_evidence(live):
+    import io
+
+    from openpyxl import Workbook
+    from pptx import Presentation
+    book = Workbook()
+    book.active.title = "Lights"
+    book.active.append(["lighthouse", "keeper", "automated"])
+    for i in range(40):
+        book.active.append([f"Light {i}", f"Keeper {i}", 1900 + i])
+    sheet = book.create_sheet("Medals")
+    sheet.append(["year", "medal"])
+    sheet.append([1923, "A silver medal engraved with the number 11"])
+    xlsx = io.BytesIO()
+    book.save(xlsx)
+    deck = Presentation()
+    for title in ("The keeper", "The storm of 1923"):
+        slide = deck.slides.add_slide(deck.slide_layouts[1])
+        slide.shapes.title.text = title
+        slide.placeholders[1].text = "A silver medal engraved with the number 11." if "storm" in title else "Maren."
+    pptx = io.BytesIO()
+    deck.save(pptx)
+    client = live.client()
+    for name, data, unit in (("lights.xlsx", xlsx.getvalue(), "row"), ("talk.pptx", pptx.getvalue(), "slide")):
+        made = client.files.create(file=(name, data), purpose="user_data")
+        answer = client.chat.completions.create(**file_chat({"file_id": made.id}))
+        evidence = answer.model_extra["reform"]["evidence"]
+        assert evidence and {e["document"] for e in evidence} == {name} and {e["unit"] for e in evidence} == {unit}
+        medal = [e for e in evidence if "number 11" in e["text"]]
+        assert medal and (medal[0]["section"], medal[0]["page_end"]) == (("Medals", 2) if unit == "row" else
+                                                                     ("The storm of 1923", 2))
+
+
 def test_unsupported_and_damaged_files_are_refused_and_the_server_goes_on(live):
     png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
     r = httpx.post(f"{live.url}/v1/contexts", files={"file": ("photo.png", png, "image/png")})
-    assert r.status_code == 415 and "an image" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "not an image PIL can read" in r.json()["error"]["message"]
     r = httpx.post(f"{live.url}/v1/files", files={"file": ("sheet.xlsx", b"PK\x03\x04" + b"\x00" * 40)},
                    data={"purpose": "user_data"})
-    assert r.status_code == 415 and "spreadsheet" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "not a valid Excel (XLSX) file" in r.json()["error"]["message"]
+    r = httpx.post(f"{live.url}/v1/contexts", files={"file": ("backup.7z", b"7z\xbc\xaf\x27\x1c" + b"\x00" * 40)})
+    assert r.status_code == 415 and "an archive" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="not a readable PDF"):
         live.client().chat.completions.create(**file_chat({"file_data": data_url(PDF[:4000]), "filename": "cut.pdf"}))
     with pytest.raises(openai.BadRequestError, match="file_data is not valid base64"):

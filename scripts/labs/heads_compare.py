@@ -2,7 +2,7 @@
 score as REFORM combines heads: the mean of per-head cosines), on each calibration data.
 
     python scripts/labs/heads_compare.py OUT.json PRESET.json [PRESET.json ...] [--model M] [--samples 6]
-        [--seed 1] [--data real,synthetic]
+        [--seed 1] [--data real,synthetic] [--length N]
 
 A preset may be ``shipped`` (the model's shipped preset). Writes one JSON object: per data, per preset,
 its heads and MNR per task.
@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data", default="real,synthetic")
+    ap.add_argument("--length", type=int, default=None, help="tokens per sample (default: window-512)")
     args = ap.parse_args()
     pipe = Pipeline.load(args.model)
     sets = {}
@@ -37,10 +38,12 @@ def main() -> None:
         preset = find_preset(pipe.model_name) if name == "shipped" else load_preset(name)
         sets[name] = [h if isinstance(h, HeadSpec) else HeadSpec.parse(h) for h in preset["heads"]]
     result = {"model": pipe.model_name, "cpu": cpu_name(), "samples_per_task": args.samples, "seed": args.seed,
+              "length": args.length,
               "sets": {n: [str(h) for h in hs] for n, hs in sets.items()}, "mnr": {}, "seconds": {}}
     for data in args.data.split(","):
         t = time.perf_counter()
-        result["mnr"][data] = evaluate_sets(pipe, sets, samples=args.samples, seed=args.seed, data=data)
+        result["mnr"][data] = evaluate_sets(pipe, sets, samples=args.samples, seed=args.seed, data=data,
+                                              length=args.length)
         result["seconds"][data] = round(time.perf_counter() - t, 1)
         print(data, json.dumps(result["mnr"][data]), flush=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -28,25 +28,28 @@ class Source:
 class Passage:
     text: str
     document: str
-    page: int | None        # 1-based PDF page where the passage starts; None for other formats
-    page_end: int | None    # the page where it ends (a passage may run over a page break)
-    section: str | None     # the nearest heading above it
+    page: int | None        # 1-based page (PDF, scan), slide (deck) or row (sheet) where the passage starts
+    page_end: int | None    # the one where it ends (a passage may run over a page break)
+    section: str | None     # the nearest heading above it; a sheet's name
     line: int               # 1-based line in its document's extracted text
     start: int              # character offsets in the context's text
     end: int
     score: float | None     # the best gather score of its tokens; None for methods that do not score
     tokens: int
+    unit: str = "page"      # what ``page`` counts: page, slide or row
 
     def to_json(self) -> dict:
         return asdict(self)
 
     def where(self) -> str:
-        """``book.pdf, page 12, "2.3 Permissions"`` for a human."""
+        """``book.pdf, page 12, "2.3 Permissions"`` (``data.xlsx, "Sheet2", row 41``) for a human."""
         parts = [self.document]
+        if self.section and self.unit == "row":
+            parts.append(f"\u201c{self.section}\u201d")
         if self.page is not None:
-            parts.append(f"page {self.page}" if self.page_end in (None, self.page) else
-                         f"pages {self.page}-{self.page_end}")
-        if self.section:
+            parts.append(f"{self.unit} {self.page}" if self.page_end in (None, self.page) else
+                         f"{self.unit}s {self.page}-{self.page_end}")
+        if self.section and self.unit != "row":
             parts.append(f"\u201c{self.section}\u201d")
         if self.page is None:
             parts.append(f"line {self.line}")
@@ -94,7 +97,7 @@ def passages(source: Source, kept: torch.Tensor, scores: torch.Tensor | None = N
             best = None if score_of is None or not tokens else max(score_of[i] for i in tokens)
             found.append(Passage(body, loc.document, loc.page, last_loc.page if loc.page is not None else None,
                                  loc.section, loc.line, at, at + len(body),
-                                 None if best is None else round(best, 4), len(tokens)))
+                                 None if best is None else round(best, 4), len(tokens), loc.unit))
     if scores is not None:
         found.sort(key=lambda p: -p.score)
     return found

@@ -10,6 +10,18 @@ import time
 from dataclasses import dataclass, field
 
 
+OCR_POLICIES = ("never", "auto", "always")
+# control characters other than tab and newline: extractors drop them (a PDF's \x02 soft hyphen, form feeds)
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean(text: str) -> str:
+    """``text`` with Windows and old Mac line ends as newlines, form feeds as blank lines and no other
+    control character but tab and newline."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x0c", "\n\n")
+    return CONTROL.sub("", text)
+
+
 class DocumentError(ValueError):
     """A document that cannot be encoded (missing, empty, damaged, over a limit) or a source with none."""
 
@@ -20,13 +32,15 @@ class UnsupportedDocument(DocumentError):
 
 @dataclass(frozen=True)
 class Mark:
-    """From character ``start`` on (until the next mark), the text is in ``document``, on ``page`` (1-based,
-    PDFs only) under the heading ``section`` (None: before the first heading, or a format without them)."""
+    """From character ``start`` on (until the next mark), the text is in ``document``, at ``page`` (1-based;
+    ``unit`` says what it counts: a PDF's or scan's ``page``, a deck's ``slide``, a sheet's ``row``) under
+    the heading ``section`` (a sheet's name; None: before the first heading, or a format without them)."""
 
     start: int
     document: str
     page: int | None = None
     section: str | None = None
+    unit: str = "page"
 
 
 @dataclass(frozen=True)
@@ -35,16 +49,26 @@ class Location:
     page: int | None
     section: str | None
     line: int            # 1-based, within the document's own text as extracted
+    unit: str = "page"   # what ``page`` counts (``Mark.unit``)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one extraction may cost; each is refused in one line when passed (``DocumentError``)."""
+    """What one extraction may cost, each refused in one line when passed (``DocumentError``), and whether
+    pages without text are read by OCR (``ocr``: ``never``, ``auto`` for pages without a text layer and
+    images given as documents, or ``always``)."""
 
-    max_unpacked_bytes: int = 512 << 20   # the members of a DOCX or EPUB (a zip), unpacked, all together
-    max_pages: int = 5_000                # PDF pages
-    max_seconds: float = 600.0            # wall time of one extraction
+    max_unpacked_bytes: int = 512 << 20   # the members of a zip (DOCX, EPUB, XLSX, PPTX), unpacked, together
+    max_pages: int = 5_000                # PDF pages, slides of a deck
+    max_seconds: float = 600.0            # wall time of one extraction, OCR included
     max_files: int = 20_000               # documents in one folder or glob
+    max_cells: int = 1_000_000            # cells of a workbook or CSV, all sheets together
+    max_ocr_pages: int = 500              # pages read by OCR in one document
+    ocr: str = "auto"
+
+    def __post_init__(self):
+        if self.ocr not in OCR_POLICIES:
+            raise ValueError(f"ocr must be one of {', '.join(OCR_POLICIES)}, not {self.ocr!r}")
 
 
 @dataclass
@@ -57,6 +81,7 @@ class Extracted:
     kind: str
     pages: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)     # extract_s; ocr_pages and ocr_s_per_page where OCR read pages
 
     def __post_init__(self):
         self._mark_starts = [m.start for m in self.marks]
@@ -73,7 +98,8 @@ class Extracted:
             return None
         import hashlib
         import json
-        return hashlib.sha256(json.dumps([self.kind, [list(m.__dict__.values()) for m in self.marks]]).encode()).hexdigest()
+        marks = [[m.start, m.document, m.page, m.section] + ([m.unit] if m.unit != "page" else []) for m in self.marks]
+        return hashlib.sha256(json.dumps([self.kind, marks]).encode()).hexdigest()
 
     def mark_at(self, offset: int) -> Mark:
         return self.marks[max(0, bisect.bisect_right(self._mark_starts, offset) - 1)]
@@ -91,7 +117,7 @@ class Extracted:
         mark = self.mark_at(offset)
         first = self.document_start(mark.document, offset)
         line = bisect.bisect_left(self._newlines, offset) - bisect.bisect_left(self._newlines, first) + 1
-        return Location(mark.document, mark.page, mark.section, line)
+        return Location(mark.document, mark.page, mark.section, line, mark.unit)
 
 
 class Builder:
@@ -106,15 +132,17 @@ class Builder:
         self.section: str | None = None
         self.started = time.monotonic()
         self.pages = 0
+        self.unit = "page"
 
     def _mark(self) -> None:
-        mark = Mark(self.size, self.document, self.page, self.section)
+        mark = Mark(self.size, self.document, self.page, self.section, self.unit)
         if self.marks and self.marks[-1].start == self.size:
             self.marks[-1] = mark                      # nothing was written under the previous one
         elif not self.marks or (self.marks[-1].page, self.marks[-1].section) != (mark.page, mark.section):
             self.marks.append(mark)
 
     def write(self, text: str) -> None:
+        text = clean(text)
         if text:
             if not self.marks:
                 self._mark()
@@ -139,6 +167,14 @@ class Builder:
         self.section = title
         self._mark()
         self.write("#" * max(1, min(level, 6)) + " " + title)
+
+    def line(self, text: str, page: int) -> None:
+        """``text`` on a line of its own at ``page`` (a sheet's row): one mark per line, so evidence names it."""
+        if self.size:
+            self.write("\n")
+        self.page = page
+        self._mark()
+        self.write(text)
 
     def new_page(self, page: int) -> None:
         self.check_time()

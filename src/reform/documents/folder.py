@@ -18,7 +18,7 @@ def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
     """The documents at ``documents`` (locations ``find_documents`` gave for ``source``) as one context."""
     from pathlib import Path
 
-    from .formats import extract_bytes, read_bytes
+    from .formats import extract_bytes, kind_of, read_bytes
     if len(documents) > limits.max_files:
         raise DocumentError(f"{source} holds {len(documents)} documents, over the limit of {limits.max_files}")
     base = source if "://" in source else str(Path(source).expanduser().absolute())
@@ -28,7 +28,10 @@ def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
     for location in documents:
         name = relative_name(location, base)
         try:
-            named.append((name, extract_bytes(read_bytes(location), name, limits)))
+            data = read_bytes(location)
+            if limits.ocr != "always" and data.strip() and kind_of(name, data) == "image":
+                raise UnsupportedDocument(f"{name} is an image: a folder's images are read by OCR with --ocr always")
+            named.append((name, extract_bytes(data, name, limits)))
         except UnsupportedDocument as e:
             skipped.append((name, str(e)))
         except DocumentError as e:
@@ -57,7 +60,7 @@ def join(named: list[tuple[str, Extracted]]) -> Extracted:
         marks.append(Mark(start, name))
         pieces += [header, doc.text, footer]
         body = start + len(header)
-        marks += [Mark(body + m.start, name, m.page, m.section) for m in doc.marks
+        marks += [Mark(body + m.start, name, m.page, m.section, m.unit) for m in doc.marks
                   if m.start > 0 or m.page is not None or m.section is not None]
         size = body + len(doc.text) + len(footer)
         pages += doc.pages

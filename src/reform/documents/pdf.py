@@ -1,12 +1,15 @@
 """PDF: the text layer page by page (pypdfium2, BSD-3/Apache-2.0; pypdf, BSD-3, where pypdfium2 is not
 installed), page breaks kept as blank lines and in the map, sections from the outline (bookmarks), and the
-running headers and footers that repeat on most pages left out. Encrypted files are opened with the empty
-password or refused; a file without a text layer (a scan) is refused: OCR is not part of reform."""
+running headers and footers that repeat on most pages left out. Pages without a text layer (scans) are read
+by OCR (``ocr.py``; ``Limits.ocr``). Words the typesetter broke at a line end, which pdfium marks with a
+control character, are joined, and compounds keep their hyphen (``dehyphenate``). Encrypted files are
+opened with the empty password or refused."""
 
 from __future__ import annotations
 
 import io
 import re
+from collections import Counter
 
 from .extracted import Builder, DocumentError, Extracted, Limits
 
@@ -18,7 +21,7 @@ def extract_pdf(data: bytes, name: str, limits: Limits = Limits()) -> Extracted:
     try:
         import pypdfium2  # noqa: F401
     except ImportError:
-        return _build(name, limits, *_pages_pypdf(data, name, limits))
+        return _build(name, limits, *_pages_pypdf(data, name, limits), {})
     return _build(name, limits, *_pages_pdfium(data, name, limits))
 
 
@@ -51,16 +54,41 @@ def _pages_pdfium(data: bytes, name: str, limits: Limits):
         except Exception:          # a damaged outline costs the sections, not the text
             outline = []
 
-        def pages():
-            for i in range(len(pdf)):
-                page = pdf[i]
-                textpage = page.get_textpage()
-                yield textpage.get_text_bounded()
-                textpage.close()
-                page.close()
-        return list(_timed(pages(), name, limits)), outline, len(pdf)
+        texts, timings = _read_pages(pdf, name, limits)
+        return texts, outline, len(pdf), timings
     finally:
         pdf.close()
+
+
+def _read_pages(pdf, name: str, limits: Limits) -> tuple[list[str], dict]:
+    """Each page's text layer, and OCR's reading where ``limits.ocr`` asks for it: ``always`` every page,
+    ``auto`` the pages that hold an image and no text layer."""
+    import pypdfium2.raw as pdfium_c
+
+    from . import ocr
+    clock, texts, scans = Builder(name, limits, "pdf"), [], []
+    for i in range(len(pdf)):
+        clock.check_time()
+        page = pdf[i]
+        textpage = page.get_textpage()
+        texts.append(textpage.get_text_bounded())
+        textpage.close()
+        if limits.ocr == "always" or (limits.ocr == "auto" and len(texts[-1].strip()) < MIN_CHARS_PER_PAGE and
+                                      next(page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]), None) is not None):
+            scans.append(i)
+        page.close()
+    if len(scans) > limits.max_ocr_pages:
+        raise DocumentError(f"{name} has {len(scans):,} pages to read by OCR, over the limit of "
+                            f"{limits.max_ocr_pages:,} (--ocr never reads the text layer alone)")
+    reader = ocr.Pages(len(scans))
+    for i in scans:
+        clock.check_time()
+        page = pdf[i]
+        where = f"{name}, page {i + 1}"
+        image = page.render(scale=ocr.page_scale(*page.get_size(), where)).to_pil()
+        page.close()
+        texts[i] = reader.read(image, where)
+    return texts, reader.timings()
 
 
 def _pages_pypdf(data: bytes, name: str, limits: Limits):
@@ -113,11 +141,32 @@ def running_lines(pages: list[list[str]]) -> set[str]:
     return {line for line, at in where.items() if len(at) >= 3 and len(at) >= (at[-1] - at[0] + 1) / 2}
 
 
-def _build(name: str, limits: Limits, texts: list[str], outline: list[tuple[int, str]], n: int) -> Extracted:
-    texts = [t.replace("\r\n", "\n").replace("\r", "\n") for t in texts]
+def dehyphenate(texts: list[str]) -> list[str]:
+    """The pages with pdfium's mark for a hyphen at a line end (``\x02``, the line break already removed)
+    resolved: the word is joined where the document spells it joined more often than hyphenated ("docu-
+    ment"), keeps its hyphen where it is spelled hyphenated more often, or, never seen either way, where
+    both halves are words of the document on their own ("non-developers"); otherwise it is joined."""
+    broken = re.compile(r"(\w*)\x02(\w*)")
+    rest = broken.sub(" ", "\n".join(texts)).lower()
+    words, compounds = Counter(re.findall(r"\w+", rest)), Counter(re.findall(r"\w+(?:-\w+)+", rest))
+
+    def resolve(m: re.Match) -> str:
+        a, b = m.group(1), m.group(2)
+        joined, hyphenated = words[(a + b).lower()], compounds[f"{a}-{b}".lower()]
+        if joined != hyphenated:
+            return a + b if joined > hyphenated else f"{a}-{b}"
+        return f"{a}-{b}" if a and b and words[a.lower()] and words[b.lower()] else a + b
+    return [broken.sub(resolve, t) if "\x02" in t else t for t in texts]
+
+
+def _build(name: str, limits: Limits, texts: list[str], outline: list[tuple[int, str]], n: int,
+           timings: dict) -> Extracted:
+    texts = dehyphenate([t.replace("\r\n", "\n").replace("\r", "\n") for t in texts])
     if sum(len(t.strip()) for t in texts) < MIN_CHARS_PER_PAGE * n:
-        raise DocumentError(f"{name} has no text layer (a scanned or image-only PDF?); run OCR on it first "
-                            "(for example ocrmypdf) and give reform the result")
+        if timings.get("ocr_pages"):
+            raise DocumentError(f"{name} has no text that OCR can read ({timings['ocr_pages']} pages read)")
+        raise DocumentError(f"{name} has no text layer (a scanned or image-only PDF?)" +
+                            ("; --ocr auto reads it by OCR" if limits.ocr == "never" else ""))
     lines = [t.split("\n") for t in texts]
     running = running_lines(lines)
     sections: dict[int, str] = {}
@@ -132,4 +181,5 @@ def _build(name: str, limits: Limits, texts: list[str], outline: list[tuple[int,
         out.write("\n".join(kept).strip("\n"))
     extracted = out.done()
     extracted.pages = n
+    extracted.timings.update(timings)
     return extracted

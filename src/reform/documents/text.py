@@ -6,7 +6,7 @@ from __future__ import annotations
 import codecs
 import re
 
-from .extracted import DocumentError, Extracted, Mark
+from .extracted import DocumentError, Extracted, Mark, clean
 
 # suffix -> the language name a fenced code block carries (how code models see files in chat and in repos)
 CODE = {
@@ -94,7 +94,7 @@ def headings(text: str) -> list[tuple[int, str]]:
 
 
 def extract_text(data: bytes, name: str) -> Extracted:
-    text = decode(data, name)
+    text = clean(decode(data, name))
     marks = [Mark(0, name)]
     if code_language(name) is None:
         for offset, title in headings(text):

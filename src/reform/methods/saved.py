@@ -65,7 +65,8 @@ def source_manifest(source: Source) -> dict:
     names = list(dict.fromkeys(m.document for m in doc.marks))
     index = {n: i for i, n in enumerate(names)}
     return {"kind": doc.kind, "pages": doc.pages, "documents": names,
-            "marks": [[m.start, index[m.document], m.page, m.section] for m in doc.marks]}
+            "marks": [[m.start, index[m.document], m.page, m.section] + ([m.unit] if m.unit != "page" else [])
+                      for m in doc.marks]}
 
 
 def restore_source(tensors: dict[str, torch.Tensor], meta: dict | None) -> Source | None:
@@ -74,7 +75,7 @@ def restore_source(tensors: dict[str, torch.Tensor], meta: dict | None) -> Sourc
         return None
     text = bytes(tensors["source.text"].numpy()).decode("utf-8")
     names = meta["documents"]
-    marks = [Mark(start, names[d], page, section) for start, d, page, section in meta["marks"]]
+    marks = [Mark(start, names[d], page, section, *unit) for start, d, page, section, *unit in meta["marks"]]
     return Source(Extracted(text, marks, meta.get("kind", "text"), meta.get("pages", 0)),
                   tensors["source.token_starts"].to(torch.int32))
 

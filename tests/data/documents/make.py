@@ -4,6 +4,9 @@ header and footer on every page), written as DOCX by python-docx, and packed as 
 (mimetype first and stored, META-INF/container.xml, an OPF whose spine orders the chapters).
 
     python tests/data/documents/make.py          # needs chromium on the PATH and python-docx
+
+The office files of tests/test_documents_office.py are made at test time by LibreOffice (``make_workbook``,
+``make_deck``), and the scans of tests/test_documents_ocr.py from the Debian Reference's PDF (``make_scan``).
 """
 
 from __future__ import annotations
@@ -94,6 +97,74 @@ def make_epub(out: Path) -> None:
             z.writestr(f"OEBPS/text/{name}", '<?xml version="1.0" encoding="utf-8"?><html '
                        f'xmlns="http://www.w3.org/1999/xhtml"><head><title>{title}</title></head><body>'
                        f"<h2>{title}</h2>{paras}</body></html>")
+
+
+def soffice_convert(source: Path, out_dir: Path, target: str, *filters: str) -> Path:
+    """``source`` converted by headless LibreOffice into ``out_dir`` as ``target`` (xlsx, pptx...)."""
+    soffice = shutil.which("soffice") or shutil.which("libreoffice")
+    profile = out_dir / ".libreoffice"
+    subprocess.run([soffice, f"-env:UserInstallation={profile.as_uri()}", "--headless", *filters,
+                    "--convert-to", target, "--outdir", str(out_dir), str(source)], check=True, capture_output=True,
+                   timeout=300)
+    shutil.rmtree(profile, ignore_errors=True)
+    return out_dir / f"{source.stem}.{target}"
+
+
+RELEASES = Path("/usr/share/distro-info")      # Debian's distro-info-data: debian.csv and ubuntu.csv (ISC)
+
+
+def make_workbook(out_dir: Path) -> Path:
+    """releases.xlsx written by LibreOffice: a sheet per CSV of distro-info-data (dates as dates), and a
+    formula column, ``days supported`` = eol - release, whose values LibreOffice computes and caches."""
+    import csv
+    from xml.sax.saxutils import escape
+    ns = " ".join(f'xmlns:{k}="urn:oasis:names:tc:opendocument:xmlns:{v}"' for k, v in [
+        ("office", "office:1.0"), ("table", "table:1.0"), ("text", "text:1.0"), ("of", "of:1.2"),
+        ("number", "datastyle:1.0"), ("style", "style:1.0")])
+    styles = ('<office:automatic-styles><number:date-style style:name="N1"><number:year number:style="long"/>'
+              '<number:text>-</number:text><number:month number:style="long"/><number:text>-</number:text>'
+              '<number:day number:style="long"/></number:date-style><style:style style:name="date" '
+              'style:family="table-cell" style:data-style-name="N1"/></office:automatic-styles>')
+
+    def cell(value: str) -> str:
+        if len(value) == 10 and value[4] == value[7] == "-":
+            return (f'<table:table-cell table:style-name="date" office:value-type="date" office:date-value="{value}">'
+                    f"<text:p>{value}</text:p></table:table-cell>")
+        return f'<table:table-cell office:value-type="string"><text:p>{escape(value)}</text:p></table:table-cell>'
+    sheets = []
+    for name in ("debian", "ubuntu"):
+        rows = []
+        for r, row in enumerate(csv.reader((RELEASES / f"{name}.csv").open()), start=1):
+            cells = "".join(cell(v) for v in row[:6])
+            if r == 1:
+                cells += cell("days supported")
+            elif len(row) > 5 and row[4] and row[5]:
+                cells += f'<table:table-cell table:formula="of:=[.F{r}]-[.E{r}]" office:value-type="float"/>'
+            rows.append(f"<table:table-row>{cells}</table:table-row>")
+        sheets.append(f'<table:table table:name="{name}">{"".join(rows)}</table:table>')
+    source = out_dir / "releases.fods"
+    source.write_text(f'<?xml version="1.0" encoding="UTF-8"?><office:document {ns} office:version="1.2" '
+                      'office:mimetype="application/vnd.oasis.opendocument.spreadsheet">' + styles +
+                      f'<office:body><office:spreadsheet>{"".join(sheets)}</office:spreadsheet></office:body>'
+                      '</office:document>')
+    return soffice_convert(source, out_dir, "xlsx")
+
+
+def make_deck(out_dir: Path) -> Path:
+    """book.pptx: the book's PDF imported by LibreOffice Impress, one slide per page."""
+    shutil.copy(HERE / "book.pdf", out_dir / "book.pdf")
+    return soffice_convert(out_dir / "book.pdf", out_dir, "pptx", "--infilter=impress_pdf_import")
+
+
+def make_scan(source: Path, pages: list[int], out: Path, dpi: int = 150) -> Path:
+    """``pages`` (1-based) of the PDF ``source`` rendered to images (pypdfium2) and wrapped back as a PDF
+    with no text layer, as a scanner writes one."""
+    import pypdfium2 as pdfium
+    pdf = pdfium.PdfDocument(str(source))
+    images = [pdf[p - 1].render(scale=dpi / 72).to_pil().convert("RGB") for p in pages]
+    images[0].save(out, "PDF", resolution=dpi, save_all=True, append_images=images[1:])
+    pdf.close()
+    return out
 
 
 if __name__ == "__main__":

@@ -153,8 +153,9 @@ function showEvidence(answer, reform) {
     const li = document.createElement("li");
     const where = document.createElement("div");
     where.className = "where";
-    const pages = p.page == null ? `line ${p.line}` : (p.page_end && p.page_end !== p.page ? `pages ${p.page}-${p.page_end}` : `page ${p.page}`);
-    where.textContent = [p.document, pages, p.section].filter(Boolean).join(" · ");
+    const unit = p.unit || "page";     // page (PDF, scan), slide (deck) or row (sheet, whose name is the section)
+    const pages = p.page == null ? `line ${p.line}` : (p.page_end && p.page_end !== p.page ? `${unit}s ${p.page}-${p.page_end}` : `${unit} ${p.page}`);
+    where.textContent = (unit === "row" ? [p.document, p.section, pages] : [p.document, pages, p.section]).filter(Boolean).join(" · ");
     const text = document.createElement("div");
     const words = p.text.replace(/\s+/g, " ");
     text.textContent = words.length > 320 ? words.slice(0, 200) + " … " + words.slice(-100) : words;
