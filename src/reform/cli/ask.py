@@ -14,13 +14,14 @@ import typer
 from ..pipeline import DTYPE_FLAGS
 from .common import (CliError, DeviceOpt, DtypeOpt, HeadsOpt, LoadArgs, MethodOpt, ModelOpt, SeedOpt, StopOpt,
                      TemperatureOpt, TopPOpt, app, build_pipeline, check_sampling, err, fail, load_saved_context,
-                     out, pipeline_from, read_inputs, run_question, with_load_options)
+                     OcrOpt, limits_for, out, pipeline_from, read_inputs, run_question, takes_images,
+                     with_load_options)
 
 
 @app.command()
 @with_load_options
-def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a document (PDF, DOCX, HTML, "
-                                                     "EPUB, Markdown, text, code), a folder, a quoted glob or "
+def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a document (PDF, scans, DOCX, XLSX, "
+                                                     "CSV, PPTX, EPUB, HTML, Markdown, text, code), a folder, a quoted glob or "
                                                      "several files (images among them for a vision-language "
                                                      "model); - reads standard input", show_default=False),
         question: Optional[str] = typer.Option(None, "--question", "-q", help="the question to answer"),
@@ -34,6 +35,7 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
                                      "and stats"),
         evidence: int = typer.Option(0, "--evidence", min=0, help="print the N passages the answer was "
                                      "recomputed from, best first, with their document, page or line"),
+        ocr: str = OcrOpt,
         *, load: LoadArgs):
     """Answer QUESTION about FILE (or several files, images among them, or a saved --context), however long."""
     try:
@@ -51,10 +53,14 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
             answer = run_question(pipe, None, question, answer_prefix, max_new_tokens, as_json, ctx=ctx,
                                   sampling=sampling)
         else:
-            content = read_inputs(files)
+            limits = limits_for(ocr)
+            content = read_inputs(files, limits)
             # documents get the documents gather; text with images keeps REFORM, whose gather reads images
             pipe = pipeline_from(load.load(documents=not isinstance(content, list)))
+            if isinstance(content, list) and ocr != "never" and not takes_images(pipe):
+                content = read_inputs(files, limits, images_as_documents=True)    # images of pages, read by OCR
             answer = run_question(pipe, content, question, answer_prefix, max_new_tokens, as_json, sampling=sampling)
+            answer.stats.update(getattr(content, "timings", {}))       # extract_s; ocr_pages, ocr_s_per_page
     except CliError as e:
         fail(e)
     # where it ran: the default dtype depends on the hardware (bf16 on bf16 CPUs and GPUs, else fp32)

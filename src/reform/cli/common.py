@@ -78,18 +78,43 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def read_document(path: Path):
-    """One document (PDF, DOCX, HTML, EPUB, Markdown, text, code), a folder of them or a quoted glob
-    ('docs/*.pdf') as one ``Extracted``; ``-`` reads standard input. Files of a folder that reform does not
-    read are named in one note line."""
-    from ..documents import DocumentError, extract, extract_bytes
+def limits_for(ocr: str):
+    """The extraction limits of a command, with its ``--ocr`` policy (refused in one line when unknown)."""
+    from ..documents import Limits
     try:
-        if str(path) == "-":
-            doc = extract_bytes(sys.stdin.buffer.read(), "standard input")
-        elif not path.exists() and not any(c in str(path) for c in "*?["):
-            raise CliError(f"file not found: {path}")
-        else:
-            doc = extract(path)
+        return Limits(ocr=ocr)
+    except ValueError:
+        raise CliError(f"--ocr must be never, auto or always, not {ocr!r}") from None
+
+
+@contextmanager
+def ocr_progress(quiet: bool = False):
+    """A progress bar over the pages OCR reads, where someone watches."""
+    from ..documents.ocr import progress
+    if quiet or not err.is_terminal:
+        yield
+        return
+    with Progress(TextColumn("OCR"), BarColumn(), MofNCompleteColumn(), TextColumn("pages"), TimeRemainingColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("ocr", total=None)
+        with progress(lambda done, total: bar.update(task, completed=done, total=total)):
+            yield
+
+
+def read_document(path: Path, limits=None, quiet: bool = False):
+    """One document (PDF, scans, DOCX, XLSX, CSV, PPTX, HTML, EPUB, Markdown, text, code), a folder of them
+    or a quoted glob ('docs/*.pdf') as one ``Extracted``; ``-`` reads standard input. Files of a folder that
+    reform does not read are named in one note line."""
+    from ..documents import DocumentError, Limits, extract, extract_bytes
+    limits = limits or Limits()
+    try:
+        with ocr_progress(quiet):
+            if str(path) == "-":
+                doc = extract_bytes(sys.stdin.buffer.read(), "standard input", limits)
+            elif not path.exists() and not any(c in str(path) for c in "*?["):
+                raise CliError(f"file not found: {path}")
+            else:
+                doc = extract(path, limits=limits)
     except DocumentError as e:
         raise CliError(str(e)) from None
     if doc.skipped:
@@ -133,6 +158,8 @@ OptionOpt = typer.Option(None, "--option", help="KEY=VALUE: any other option of 
                          "config), e.g. ilre's dca=true; repeatable")
 ChatTemplateOpt = typer.Option(True, "--chat-template/--no-chat-template", help="--no-chat-template: ask in plain "
                                "text (Question: ... Answer:), as a model without a chat template is asked")
+OcrOpt = typer.Option("auto", "--ocr", help="read pages by OCR: never, auto (PDF pages without a text layer, "
+                      "and image files a text-only model cannot see) or always (every page)")
 ProfileOpt = typer.Option(None, "--profile", help="reform's encode profile: default, or fast (chunk and cache "
                           "of window/8: a 1.3-1.4x faster encode, measured in docs/benchmarks.md); --chunk-size and "
                           "--cache-budget still win")
@@ -265,7 +292,7 @@ def check_load_options(load: dict) -> None:
     from ..methods.options import OptionError
     from ..model import ModelLoadError
     from ..pipeline import check_load
-    options = {k: v for k, v in load.items() if k not in ("model", "use_chat_template")}
+    options = {k: v for k, v in load.items() if k not in ("model", "use_chat_template", "ocr")}
     try:
         check_load(load.get("model"), **options)
     except OptionError as e:
@@ -303,33 +330,45 @@ def encode_text(pipe, content, quiet: bool, checkpoint=None):
         raise CliError(str(e)) from None
 
 
-def read_inputs(paths: list[Path]):
+def read_inputs(paths: list[Path], limits=None, images_as_documents: bool = False):
     """The context of ``reform ask FILE...``: one document, folder or glob (``read_document``); several
     documents as one context, each under a header naming it; with image files among them (by suffix: .png,
-    .jpg, ...), the parts in order, images as images for a vision-language model and documents as text."""
-    from ..documents import IMAGE_SUFFIXES, DocumentError
-    if len(paths) == 1 and paths[0].suffix.lower() not in IMAGE_SUFFIXES:
-        return read_document(paths[0])
-    if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in paths):
+    .jpg, ...), the parts in order, images as images for a vision-language model and documents as text
+    (``images_as_documents``: images of pages read by OCR, for a model that cannot see them)."""
+    from ..documents import IMAGE_SUFFIXES, DocumentError, Limits
+    limits = limits or Limits()
+    images = [p for p in paths if p.suffix.lower() in IMAGE_SUFFIXES]
+    if len(paths) == 1 and (not images or images_as_documents):
+        return read_document(paths[0], limits)
+    if not images or images_as_documents:
         from ..documents.folder import combine
-        from ..documents.extracted import Limits
         missing = [p for p in paths if not p.is_file()]
         if missing:
             raise CliError(f"file not found: {missing[0]}")
         try:
-            return combine([str(p.absolute()) for p in paths], os.path.commonpath([str(p.absolute()) for p in paths]),
-                           Limits())
+            with ocr_progress():
+                return combine([str(p.absolute()) for p in paths],
+                               os.path.commonpath([str(p.absolute()) for p in paths]), limits, images=True)
         except DocumentError as e:
             raise CliError(str(e)) from None
     parts = []
     for path in paths:
-        if path.suffix.lower() in IMAGE_SUFFIXES:
+        if path in images:
             if not path.is_file():
                 raise CliError(f"image not found: {path}")
             parts.append(path)
         else:
-            parts.append(read_document(path).text)
+            parts.append(read_document(path, limits).text)
     return parts
+
+
+def takes_images(pipe) -> bool:
+    from ..pipeline.inputs import check_takes_images
+    try:
+        check_takes_images(pipe)
+    except ValueError:
+        return False
+    return True
 
 
 def run_question(pipe, text: str | None, question: str, answer_prefix: str, max_new_tokens: int, as_json: bool,

@@ -12,13 +12,13 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .common import (CliError, LoadArgs, app, check_load_options, checked_output, encode_text, err, fail,
-                     on_interrupt, pipeline_from, read_document, say, with_load_options)
+from .common import (CliError, LoadArgs, OcrOpt, app, check_load_options, checked_output, encode_text, err, fail,
+                     limits_for, on_interrupt, pipeline_from, read_document, say, with_load_options)
 
 
 @app.command()
 @with_load_options
-def encode(source: str = typer.Argument(..., help="a document (PDF, DOCX, HTML, EPUB, Markdown, text, code) "
+def encode(source: str = typer.Argument(..., help="a document (PDF, scans, DOCX, XLSX, CSV, PPTX, HTML, EPUB, Markdown, text, code) "
                                         "or, with --out, a folder or quoted glob as one context; with --store a "
                                         "folder, glob ('docs/*.pdf') or fsspec URL, one context per document"),
            output: Optional[Path] = typer.Option(None, "--out", "-o", help="save the one document's context "
@@ -35,6 +35,7 @@ def encode(source: str = typer.Argument(..., help="a document (PDF, DOCX, HTML, 
                None, "--checkpoint-minutes", min=0, help="with --out: save the encode's state to OUT.partial this "
                "often (default 5; 0: after every chunk); the same command resumes from it (REFORM)"),
            as_json: bool = typer.Option(False, "--json", help="print one JSON object with the result"),
+           ocr: str = OcrOpt,
            *, load: LoadArgs):
     """Encode documents once and save their contexts; ask them later with `reform ask --context FILE`
     or through `reform serve --store`."""
@@ -46,23 +47,25 @@ def encode(source: str = typer.Argument(..., help="a document (PDF, DOCX, HTML, 
             raise CliError("--ray encodes into a store: give --store FOLDER_OR_URL")
         if checkpoint_minutes is not None and output is None:
             raise CliError("--checkpoint-minutes is for one document (--out FILE)")
+        limits = limits_for(ocr)
         load = args.load(documents=True)
         if checkpoint_minutes is not None:
             refuse_checkpoint(load["method"])
     except CliError as e:
         fail(e)
     if output is not None:
-        encode_one(Path(source), output, load, as_json, checkpoint_minutes)
+        encode_one(Path(source), output, load, as_json, checkpoint_minutes, limits)
     else:
-        encode_corpus(source, store, load, ray, address, workers, threads_per_worker, as_json)
+        encode_corpus(source, store, {**load, "ocr": ocr}, ray, address, workers, threads_per_worker, as_json)
 
 
-def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_minutes: float | None) -> None:
+def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_minutes: float | None,
+               limits=None) -> None:
     from ..store import ContextFileError
     try:
         output = checked_output(output, "--out", folder=False)
         on_interrupt(f"nothing was written ({output} is as it was); run the command again to encode from the start")
-        text = read_document(file)
+        text = read_document(file, limits, quiet=as_json)
         pipe = pipeline_from(load)
         checkpoint = checkpoint_for(pipe, output, checkpoint_minutes)
         ctx = encode_text(pipe, text, as_json, checkpoint)
@@ -77,7 +80,8 @@ def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_m
         fail(e)
     n = int(ctx.ids.shape[0])
     result = {"path": str(output), "method": pipe.method.name, "tokens": n, "encode_seconds": round(ctx.encode_seconds, 3),
-              "save_seconds": round(save_s, 3), "bytes": size, "bytes_per_token": round(size / n, 1)}
+              "save_seconds": round(save_s, 3), "bytes": size, "bytes_per_token": round(size / n, 1),
+              **getattr(text, "timings", {})}
     if as_json:
         print(json.dumps(result))
     else:

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from .common import (CliError, LoadArgs, app, check_load_options, checked_output, err, fail, pipeline_from,
-                     with_load_options)
+from .common import (CliError, LoadArgs, OcrOpt, app, check_load_options, checked_output, err, fail, limits_for,
+                     pipeline_from, with_load_options)
 
 
 @app.command()
@@ -45,6 +45,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                                "get to finish after SIGTERM / Ctrl-C before they are cut"),
           access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="one JSON line per request "
                                           "on stderr (request id, path, status, seconds)"),
+          ocr: str = OcrOpt,
           ray: bool = typer.Option(False, "--ray", help="run --replicas copies as Ray Serve replicas"),
           address: Optional[str] = typer.Option(None, "--address", envvar="RAY_ADDRESS",
                                                 help="the Ray cluster (default: $RAY_ADDRESS, else a local one)"),
@@ -81,7 +82,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         load = load.load()
         settings = Settings(api_key=api_key, keys_file=keys, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
-                            default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting)
+                            default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting,
+                            limits=limits_for(ocr))
         options = {"store_max_bytes": None if store_max_gb is None else int(store_max_gb * 2**30),
                    "queue_size": queue_size, "memory_contexts": memory_contexts, "max_batch": max_batch}
         if ray:

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ..documents import DocumentError, extract_bytes, read_bytes
+from ..documents import DocumentError, Limits, extract_bytes, read_bytes
 from ..store import ContextFileError, ContextStore
 
 # (kind, document, count, pid): "start" with the document's tokens, "tokens" with tokens just encoded
@@ -38,9 +38,11 @@ class EncodeResult:
 
 
 def load_pipeline(load: dict):
-    """The ``Pipeline`` that ``load`` describes (``Pipeline.load`` keyword arguments, ``model`` among them)."""
+    """The ``Pipeline`` that ``load`` describes (``Pipeline.load`` keyword arguments, ``model`` among them;
+    ``ocr``, the documents' OCR policy, is the encoder's)."""
     from ..pipeline import Pipeline
     options = dict(load)
+    options.pop("ocr", None)
     return Pipeline.load(options.pop("model", None), **options)
 
 
@@ -54,11 +56,12 @@ class DocumentEncoder:
             torch.set_num_threads(threads)
         self.pipe = pipe if pipe is not None else load_pipeline(load)
         self.store = ContextStore(store)
+        self.limits = Limits(ocr=load.get("ocr", "auto"))
 
     def encode(self, document: str, report: Callable[[Event], None] | None = None) -> EncodeResult:
         pid = os.getpid()
         try:
-            doc = extract_bytes(read_bytes(document), document)
+            doc = extract_bytes(read_bytes(document), document, self.limits)
             ids, _, source = self.pipe.tokenize(doc)
             key = self.pipe.context_key(ids, document=doc)
             if (stored := self.store.get(key)) is not None:

@@ -14,8 +14,10 @@ def relative_name(location: str, base: str) -> str:
     return location.rsplit("/", 1)[-1]
 
 
-def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
-    """The documents at ``documents`` (locations ``find_documents`` gave for ``source``) as one context."""
+def combine(documents: list[str], source: str, limits: Limits, images: bool = False) -> Extracted:
+    """The documents at ``documents`` (locations ``find_documents`` gave for ``source``) as one context.
+    Images are read by OCR where ``images`` (files named one by one) or ``limits.ocr`` is ``always``; a
+    folder's images are otherwise left out (icons and figures of a repository are no pages of text)."""
     from pathlib import Path
 
     from .formats import extract_bytes, kind_of, read_bytes
@@ -29,7 +31,7 @@ def combine(documents: list[str], source: str, limits: Limits) -> Extracted:
         name = relative_name(location, base)
         try:
             data = read_bytes(location)
-            if limits.ocr != "always" and data.strip() and kind_of(name, data) == "image":
+            if not images and limits.ocr != "always" and data.strip() and kind_of(name, data) == "image":
                 raise UnsupportedDocument(f"{name} is an image: a folder's images are read by OCR with --ocr always")
             named.append((name, extract_bytes(data, name, limits)))
         except UnsupportedDocument as e:

@@ -65,7 +65,7 @@ def _read_pages(pdf, name: str, limits: Limits) -> tuple[list[str], dict]:
     ``auto`` the pages that hold an image and no text layer."""
     import pypdfium2.raw as pdfium_c
 
-    from . import ocr
+    from .ocr import Pages, page_scale
     clock, texts, scans = Builder(name, limits, "pdf"), [], []
     for i in range(len(pdf)):
         clock.check_time()
@@ -80,12 +80,12 @@ def _read_pages(pdf, name: str, limits: Limits) -> tuple[list[str], dict]:
     if len(scans) > limits.max_ocr_pages:
         raise DocumentError(f"{name} has {len(scans):,} pages to read by OCR, over the limit of "
                             f"{limits.max_ocr_pages:,} (--ocr never reads the text layer alone)")
-    reader = ocr.Pages(len(scans))
+    reader = Pages(len(scans))
     for i in scans:
         clock.check_time()
         page = pdf[i]
         where = f"{name}, page {i + 1}"
-        image = page.render(scale=ocr.page_scale(*page.get_size(), where)).to_pil()
+        image = page.render(scale=page_scale(*page.get_size(), where)).to_pil()
         page.close()
         texts[i] = reader.read(image, where)
     return texts, reader.timings()
