@@ -6,8 +6,11 @@ before each upload through /proc/PID/clear_refs), and whether a chat is still an
     python scripts/hostile_documents.py --out docs/results/documents-hostile
 
 The files: a DOCX and an EPUB whose members unpack to 1 GiB of zeros (1 MB on disk), a PDF cut in the
-middle, a PDF encrypted with a password, an image-only PDF (a scan), a PDF of 10,000 pages, HTML holding
-5 MB of scripts and no text, a spreadsheet and a PNG.
+middle, a PDF encrypted with a password, a blank image-only PDF (a scan), a PDF of 10,000 pages, HTML
+holding 5 MB of scripts and no text, a workbook declaring every cell of a sheet, a workbook of 68 MB of
+shared strings, a deck of 10,000 slides, a 1-pixel-wide page image, a PDF of 5,000 image pages, a damaged
+workbook and a PNG without text. The server runs with ``--ocr always``, so every page of every PDF is
+one OCR would read.
 """
 
 from __future__ import annotations
@@ -41,6 +44,34 @@ def bomb(member: str, mimetype: bytes | None = None) -> bytes:
     return buf.getvalue()
 
 
+def zipped(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def office_and_scans() -> list[tuple[str, bytes, str]]:
+    from PIL import Image
+    sheet = (b'<?xml version="1.0"?><worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
+             b'<dimension ref="A1:XFD1048576"/><sheetData/></worksheet>')
+    strings = b"<sst>" + b"<si><t>a</t></si>" * 4_000_000 + b"</sst>"
+    slides = {f"ppt/slides/slide{i}.xml": b"<p:sld/>" for i in range(1, 10_001)}
+    sliver = io.BytesIO()
+    Image.new("RGB", (1, 4000), "white").save(sliver, "PNG")
+    images = io.BytesIO()
+    dot = Image.new("RGB", (8, 8), "black")
+    dot.save(images, "PDF", save_all=True, append_images=[dot] * 4_999)
+    return [("dimensions.xlsx", zipped({"xl/workbook.xml": b"<workbook/>", "xl/worksheets/sheet1.xml": sheet}),
+             "a workbook whose sheet declares A1:XFD1048576"),
+            ("shared-strings.xlsx", zipped({"xl/workbook.xml": b"<workbook/>", "xl/sharedStrings.xml": strings}),
+             "a workbook of 4 million shared strings (68 MB unpacked)"),
+            ("10000-slides.pptx", zipped({"ppt/presentation.xml": b"<p/>", **slides}), "a deck of 10,000 slides"),
+            ("sliver.png", sliver.getvalue(), "a page image 1 pixel wide"),
+            ("5000-images.pdf", images.getvalue(), "5,000 image pages (OCR always)")]
+
+
 def files() -> list[tuple[str, bytes, str]]:
     from PIL import Image
     from pypdf import PdfWriter
@@ -69,8 +100,8 @@ def files() -> list[tuple[str, bytes, str]]:
             ("scan.pdf", scan.getvalue(), "an image-only PDF (a blank A4 scan)"),
             ("10000-pages.pdf", huge_bytes.getvalue(), "10,000 blank pages"),
             ("scripts.html", scripts, "5 MB of scripts and no text"),
-            ("sheet.xlsx", sheet.getvalue(), "a spreadsheet"),
-            ("photo.png", png.getvalue(), "an image")]
+            ("sheet.xlsx", sheet.getvalue(), "a workbook with no sheets"),
+            ("photo.png", png.getvalue(), "an image without text"), *office_and_scans()]
 
 
 def rss_kb(pid: int, field: str) -> int:
@@ -90,7 +121,7 @@ def main() -> None:
         port = s.getsockname()[1]
     store = tempfile.mkdtemp(prefix="reform-hostile-")
     server = subprocess.Popen([sys.executable, "-m", "reform", "serve", "--host", "127.0.0.1", "--port", str(port),
-                               "--store", store], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                               "--store", store, "--ocr", "always"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):

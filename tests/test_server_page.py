@@ -72,9 +72,28 @@ def store_dir(tmp_path):
     return tmp_path / "store"
 
 
-def test_a_pdf_dropped_on_the_page_is_answered_with_its_evidence_and_pages(store_dir, browser):
-    """A real drop event carrying the PDF (a File in a DataTransfer, as the browser makes it when a file is
-    dragged in) is uploaded as it is; the answer shows the library's evidence with document and page."""
+def workbook() -> bytes:
+    import io
+
+    from openpyxl import Workbook
+    book = Workbook()
+    book.active.title = "Lights"
+    for i in range(60):
+        book.active.append([f"Light {i}", f"Keeper {i}", 1900 + i])
+    medals = book.create_sheet("Medals")
+    medals.append(["year", "medal"])
+    medals.append([1923, "A silver medal engraved with the number 11"])
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name, media", [("book.pdf", "application/pdf"), (
+    "lights.xlsx", "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet")])
+def test_a_document_dropped_on_the_page_is_answered_with_its_evidence_and_places(store_dir, browser, name, media):
+    """A real drop event carrying the file (a File in a DataTransfer, as the browser makes it when a file is
+    dragged in) is uploaded as it is; the answer shows the library's evidence with document and page (a
+    workbook's: sheet and rows)."""
     import base64
     from pathlib import Path
 
@@ -82,21 +101,22 @@ def test_a_pdf_dropped_on_the_page_is_answered_with_its_evidence_and_pages(store
     from selenium.webdriver.support.ui import WebDriverWait
 
     from reform.documents import extract_bytes
-    pdf = (Path(__file__).parent / "data" / "documents" / "book.pdf").read_bytes()
+    pdf = (Path(__file__).parent / "data" / "documents" / "book.pdf").read_bytes() if name == "book.pdf" else workbook()
     question = "What number was engraved on the silver medal?"
-    expected = make_pipe().encode(extract_bytes(pdf, "book.pdf")).ask(question, max_new_tokens=10)
+    expected = make_pipe().encode(extract_bytes(pdf, name)).ask(question, max_new_tokens=10)
     with LiveServer(make_pipe(), store_dir) as server:
         browser.get(server.url + "/")
         wait = WebDriverWait(browser, 60)
         wait.until(lambda d: d.find_element(By.ID, "model").text)
         drop = (Path(__file__).parent / "data" / "documents" / "drop.js").read_text()
-        browser.execute_script(drop, base64.b64encode(pdf).decode(), "book.pdf", "application/pdf")
-        assert browser.find_element(By.ID, "file-name").text.startswith("book.pdf")
+        browser.execute_script(drop, base64.b64encode(pdf).decode(), name, media)
+        assert browser.find_element(By.ID, "file-name").text.startswith(name)
         browser.find_element(By.ID, "upload").click()
         wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state") in ("ready", "failed"))
         assert browser.find_element(By.ID, "upload-status").text.startswith("ready")
         assert ask(browser, wait, question) == expected.text
         shown = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#log .evidence li .where"))
         top = expected.evidence[0]
-        pages = f"page {top.page}" if top.page_end == top.page else f"pages {top.page}-{top.page_end}"
-        assert shown[0].text == f"book.pdf · {pages}" and len(shown) == min(3, len(expected.evidence))
+        pages = f"{top.unit} {top.page}" if top.page_end == top.page else f"{top.unit}s {top.page}-{top.page_end}"
+        where = f"{name} · {top.section} · {pages}" if top.unit == "row" else f"{name} · {pages}"
+        assert shown[0].text == where and len(shown) == min(3, len(expected.evidence))

@@ -1,0 +1,105 @@
+"""OCR against a text layer: pages of a real PDF rendered to images and wrapped back as a PDF without a text
+layer (as a scanner writes one; tests/data/documents/make.py ``make_scan``), read by reform's OCR, and each
+page's reading compared with the text layer of the same page, two ways:
+
+- in order: 1 - the edit distance between the two texts (whitespace runs as one space) over the text
+  layer's length. A table read row by row where the text layer runs cell by cell counts as errors.
+- in any order (after Clausner et al., 2020, "Flexible character accuracy measure for reading-order-
+  independent evaluation"): the words of both, identical words matched first, each other text-layer
+  word then paired with the closest unmatched word read (its edit distance counted), every word left
+  unpaired on either side counted whole; over the text layer's characters.
+
+Writes results.json and results.md.
+
+    python scripts/ocr_accuracy.py /usr/share/debian-reference/debian-reference.en.pdf \\
+        --pages 20 --out docs/results/documents-ocr
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import editdistance
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data" / "documents"))
+from make import make_scan  # noqa: E402
+
+from reform.documents import Limits, extract  # noqa: E402
+from reform.machine import cpu_name  # noqa: E402
+
+
+def page_texts(doc) -> dict[int, str]:
+    """Each page's text of an extracted PDF, by page number."""
+    out = {}
+    for i, mark in enumerate(doc.marks):
+        end = doc.marks[i + 1].start if i + 1 < len(doc.marks) else len(doc.text)
+        out[mark.page] = out.get(mark.page, "") + doc.text[mark.start:end]
+    return out
+
+
+def any_order_errors(truth: str, read: str) -> int:
+    """Character errors between the words of ``truth`` and ``read``, whatever their order (see above)."""
+    from collections import Counter
+    left, right = Counter(truth.split()), Counter(read.split())
+    common = left & right
+    left, right = list((left - common).elements()), list((right - common).elements())
+    errors = 0
+    for word in sorted(left, key=len, reverse=True):
+        best = min(range(len(right)), key=lambda i: editdistance.eval(word, right[i]), default=None)
+        distance = None if best is None else editdistance.eval(word, right[best])
+        if distance is not None and distance < len(word):
+            errors += distance
+            right.pop(best)
+        else:
+            errors += len(word)
+    return errors + sum(len(word) for word in right)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pdf", type=Path)
+    ap.add_argument("--pages", type=int, default=20, help="pages spread evenly over the book")
+    ap.add_argument("--dpi", type=int, default=150, help="the scan's resolution")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    layer = extract(args.pdf, limits=Limits(ocr="never"))
+    truth = page_texts(layer)
+    step = layer.pages / args.pages
+    pages = [int(step * i + step / 2) + 1 for i in range(args.pages)]
+    scan = make_scan(args.pdf, pages, args.out / "scan.pdf", dpi=args.dpi)
+    started = time.perf_counter()
+    doc = extract(scan)
+    seconds = time.perf_counter() - started
+    read = page_texts(doc)
+    rows, errors, loose, chars = [], 0, 0, 0
+    for i, page in enumerate(pages, start=1):
+        a, b = " ".join(truth.get(page, "").split()), " ".join(read.get(i, "").split())
+        e, f = editdistance.eval(a, b), any_order_errors(a, b)
+        errors, loose, chars = errors + e, loose + f, chars + len(a)
+        rows.append({"page": page, "chars": len(a), "edits": e, "accuracy": round(1 - e / max(len(a), 1), 4),
+                     "any_order_errors": f, "any_order_accuracy": round(1 - f / max(len(a), 1), 4)})
+    result = {"pdf": str(args.pdf), "dpi": args.dpi, "pages": pages, "cpu": cpu_name(),
+              "accuracy": round(1 - errors / chars, 4), "any_order_accuracy": round(1 - loose / chars, 4),
+              "seconds": round(seconds, 1),
+              "pages_per_second": round(len(pages) / seconds, 3), "timings": doc.timings, "rows": rows}
+    name = f"results-{args.dpi}dpi"
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    lines = [f"{args.pdf.name}: {len(pages)} pages scanned at {args.dpi} dpi, read by OCR in {seconds:.1f} s "
+             f"({len(pages) / seconds:.2f} pages/s) on {cpu_name()}; character accuracy against the text layer, "
+             f"all pages together: **{result['accuracy']:.1%}** in order, **{result['any_order_accuracy']:.1%}** in "
+             "any order.", "", "| page | characters | in order: edits | accuracy | any order: errors | accuracy |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['page']} | {r['chars']} | {r['edits']} | {r['accuracy']:.1%} | {r['any_order_errors']} | "
+              f"{r['any_order_accuracy']:.1%} |" for r in rows]
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (args.out / "scan.pdf").unlink()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
