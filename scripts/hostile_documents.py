@@ -30,6 +30,8 @@ from pathlib import Path
 import httpx
 
 BOOK = Path(__file__).resolve().parents[1] / "tests" / "data" / "documents" / "book.pdf"
+sys.path.insert(0, str(BOOK.parent))
+from make import zipped  # noqa: E402  (tests/data/documents/make.py)
 
 
 def bomb(member: str, mimetype: bytes | None = None) -> bytes:
@@ -41,14 +43,6 @@ def bomb(member: str, mimetype: bytes | None = None) -> bytes:
             zeros = b"\0" * (1 << 20)
             for _ in range(1024):
                 f.write(zeros)
-    return buf.getvalue()
-
-
-def zipped(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in members.items():
-            z.writestr(name, data)
     return buf.getvalue()
 
 

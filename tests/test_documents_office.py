@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -118,27 +117,19 @@ def test_slides_with_titles_tables_groups_and_notes():
     assert doc.locate(doc.text.index("Inside a group")).page == 2
 
 
-def _zip(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in members.items():
-            z.writestr(name, data)
-    return buf.getvalue()
-
-
 def test_workbook_and_deck_bombs_are_refused_before_they_are_unpacked():
     sheet = (b'<?xml version="1.0"?><worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
              b'<dimension ref="A1:XFD1048576"/><sheetData/></worksheet>')
-    huge = _zip({"xl/workbook.xml": b"<workbook/>", "xl/worksheets/sheet1.xml": sheet})
+    huge = make.zipped({"xl/workbook.xml": b"<workbook/>", "xl/worksheets/sheet1.xml": sheet})
     with pytest.raises(DocumentError, match="declares 17,179,869,184 cells, over the limit of 1,000,000") as e:
         extract_bytes(huge, "dimensions.xlsx")
     assert "\n" not in str(e.value)
     strings = b"<sst>" + b"<si><t>a</t></si>" * 4_000_000 + b"</sst>"         # 68 MB of shared strings
     with pytest.raises(DocumentError, match="shared strings unpack to 64 MB"):
-        extract_bytes(_zip({"xl/workbook.xml": b"<workbook/>", "xl/sharedStrings.xml": strings}), "strings.xlsx")
+        extract_bytes(make.zipped({"xl/workbook.xml": b"<workbook/>", "xl/sharedStrings.xml": strings}), "strings.xlsx")
     slides = {f"ppt/slides/slide{i}.xml": b"<p:sld/>" for i in range(1, 10_001)}
     with pytest.raises(DocumentError, match="has 10,000 slides, over the limit of 5,000"):
-        extract_bytes(_zip({"ppt/presentation.xml": b"<p/>", **slides}), "deck.pptx")
+        extract_bytes(make.zipped({"ppt/presentation.xml": b"<p/>", **slides}), "deck.pptx")
     cells = io.StringIO()
     csv.writer(cells).writerows([[str(i)] * 10 for i in range(2_000)])
     with pytest.raises(DocumentError, match="more than 10,000 cells"):
@@ -149,9 +140,9 @@ def test_legacy_and_opendocument_office_files_are_refused_with_what_to_do():
     with pytest.raises(UnsupportedDocument, match=r"legacy Excel \(.xls\) workbook; save it as .xlsx"):
         extract_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\x00" * 64, "old.xls")
     with pytest.raises(UnsupportedDocument, match="OpenDocument presentation; save it as .pptx"):
-        extract_bytes(_zip({"content.xml": b"<x/>"}), "talk.odp")
+        extract_bytes(make.zipped({"content.xml": b"<x/>"}), "talk.odp")
     with pytest.raises(DocumentError, match="not a readable Excel"):
-        extract_bytes(_zip({"xl/workbook.xml": b"<not a workbook"}), "broken.xlsx")
+        extract_bytes(make.zipped({"xl/workbook.xml": b"<not a workbook"}), "broken.xlsx")
 
 
 def test_no_control_characters_in_any_extracted_test_document(tmp_path):

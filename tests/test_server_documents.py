@@ -91,19 +91,11 @@ def test_multipart_uploads_of_documents_to_contexts(live, library):
 
 def test_a_workbook_and_a_deck_uploaded_are_answered_with_rows_and_slides_as_evidence(live):
     import io
+    import sys
 
-    from openpyxl import Workbook
     from pptx import Presentation
-    book = Workbook()
-    book.active.title = "Lights"
-    book.active.append(["lighthouse", "keeper", "automated"])
-    for i in range(40):
-        book.active.append([f"Light {i}", f"Keeper {i}", 1900 + i])
-    sheet = book.create_sheet("Medals")
-    sheet.append(["year", "medal"])
-    sheet.append([1923, "A silver medal engraved with the number 11"])
-    xlsx = io.BytesIO()
-    book.save(xlsx)
+    sys.path.insert(0, str(Path(__file__).parent / "data" / "documents"))
+    from make import medal_workbook
     deck = Presentation()
     for title in ("The keeper", "The storm of 1923"):
         slide = deck.slides.add_slide(deck.slide_layouts[1])
@@ -112,7 +104,7 @@ def test_a_workbook_and_a_deck_uploaded_are_answered_with_rows_and_slides_as_evi
     pptx = io.BytesIO()
     deck.save(pptx)
     client = live.client()
-    for name, data, unit in (("lights.xlsx", xlsx.getvalue(), "row"), ("talk.pptx", pptx.getvalue(), "slide")):
+    for name, data, unit in (("lights.xlsx", medal_workbook(), "row"), ("talk.pptx", pptx.getvalue(), "slide")):
         made = client.files.create(file=(name, data), purpose="user_data")
         answer = client.chat.completions.create(**file_chat({"file_id": made.id}))
         evidence = answer.model_extra["reform"]["evidence"]

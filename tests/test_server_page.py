@@ -3,6 +3,7 @@ paste a document, watch it encode, ask, see the library's answer streamed in; th
 Skipped, with the reason, where no Chromium is installed (`apt-get install chromium chromium-driver`)."""
 
 import shutil
+import sys
 
 import httpx
 import pytest
@@ -72,22 +73,6 @@ def store_dir(tmp_path):
     return tmp_path / "store"
 
 
-def workbook() -> bytes:
-    import io
-
-    from openpyxl import Workbook
-    book = Workbook()
-    book.active.title = "Lights"
-    for i in range(60):
-        book.active.append([f"Light {i}", f"Keeper {i}", 1900 + i])
-    medals = book.create_sheet("Medals")
-    medals.append(["year", "medal"])
-    medals.append([1923, "A silver medal engraved with the number 11"])
-    out = io.BytesIO()
-    book.save(out)
-    return out.getvalue()
-
-
 @pytest.mark.parametrize("name, media", [("book.pdf", "application/pdf"), (
     "lights.xlsx", "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet")])
 def test_a_document_dropped_on_the_page_is_answered_with_its_evidence_and_places(store_dir, browser, name, media):
@@ -101,7 +86,10 @@ def test_a_document_dropped_on_the_page_is_answered_with_its_evidence_and_places
     from selenium.webdriver.support.ui import WebDriverWait
 
     from reform.documents import extract_bytes
-    pdf = (Path(__file__).parent / "data" / "documents" / "book.pdf").read_bytes() if name == "book.pdf" else workbook()
+    sys.path.insert(0, str(Path(__file__).parent / "data" / "documents"))
+    from make import medal_workbook
+    pdf = (Path(__file__).parent / "data" / "documents" / "book.pdf").read_bytes() if name == "book.pdf" \
+        else medal_workbook()
     question = "What number was engraved on the silver medal?"
     expected = make_pipe().encode(extract_bytes(pdf, name)).ask(question, max_new_tokens=10)
     with LiveServer(make_pipe(), store_dir) as server:

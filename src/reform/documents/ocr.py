@@ -32,7 +32,9 @@ def engine():
             except ImportError:
                 raise DocumentError("OCR needs the rapidocr and onnxruntime packages (pip install rapidocr "
                                     "onnxruntime), or --ocr never") from None
-            _engine = RapidOCR(params={"Global.log_level": "error"})
+            # no angle classifier: a document's lines stand upright, and the classifier flips some of them
+            # (a warning box's line of the Debian Reference read upside down as "U -g in g ns o ...")
+            _engine = RapidOCR(params={"Global.log_level": "error", "Global.use_cls": False})
         return _engine
 
 

@@ -1,6 +1,7 @@
 """Zip-packaged documents: Word (DOCX, python-docx, MIT) and EPUB (the OPF spine read with the standard
-library's zipfile and defusedxml, each chapter through the HTML path). Both are zip files, so both are
-checked for zip bombs before anything is unpacked."""
+library's zipfile and defusedxml, each chapter through the HTML path), and the opening of every Office
+Open XML file (``open_package``: DOCX here, XLSX in sheets.py, PPTX in slides.py). All are zip files, so
+all are checked for zip bombs before anything is unpacked."""
 
 from __future__ import annotations
 
@@ -25,6 +26,23 @@ def open_zip(data: bytes, name: str, limits: Limits, kind: str) -> zipfile.ZipFi
     return archive
 
 
+def open_package(data: bytes, name: str, limits: Limits, kind: str, main_part: str, opener):
+    """An Office Open XML file (DOCX, XLSX, PPTX) opened by its library's ``opener`` (a file object in,
+    the document out), refused in one line when its zip is a bomb, lacks ``main_part`` or is damaged.
+    Returns ``(zip, document)``; the zip is for checks that must come before the library reads a part."""
+    archive = open_zip(data, name, limits, kind)
+    if main_part not in archive.namelist():
+        raise DocumentError(f"{name} is not a {kind} file (no {main_part})")
+    return archive, lambda: _opened(opener, data, name, kind)
+
+
+def _opened(opener, data: bytes, name: str, kind: str):
+    try:
+        return opener(io.BytesIO(data))
+    except Exception as e:    # each library raises its own kinds for a damaged part (KeyError, ValueError, ...)
+        raise DocumentError(f"{name} is not a readable {kind} file ({type(e).__name__}: {e})") from None
+
+
 def read_member(archive: zipfile.ZipFile, member: str, name: str, limits: Limits) -> bytes:
     """One member's bytes, never more than the limit whatever its header claims."""
     try:
@@ -43,17 +61,11 @@ def read_member(archive: zipfile.ZipFile, member: str, name: str, limits: Limits
 def extract_docx(data: bytes, name: str, limits: Limits = Limits()) -> Extracted:
     """Paragraphs, headings (sections) and tables (rows as ``a | b | c``), in document order."""
     from docx import Document
-    from docx.opc.exceptions import PackageNotFoundError
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
-    archive = open_zip(data, name, limits, "Word (DOCX)")
-    if "word/document.xml" not in archive.namelist():
-        raise DocumentError(f"{name} is not a Word (DOCX) document (no word/document.xml)")
-    try:
-        doc = Document(io.BytesIO(data))
-    except (PackageNotFoundError, KeyError, ValueError, zipfile.BadZipFile) as e:
-        raise DocumentError(f"{name} is not a valid Word (DOCX) document ({e})") from None
+    _, load = open_package(data, name, limits, "Word (DOCX)", "word/document.xml", Document)
+    doc = load()
     out = Builder(name, limits, "docx")
     body = doc.element.body
     for child in body.iterchildren():

@@ -79,11 +79,10 @@ def declared_cells(sheet_xml_head: bytes) -> int:
 def extract_xlsx(data: bytes, name: str, limits: Limits = Limits()) -> Extracted:
     from openpyxl import load_workbook
 
-    from .packaged import open_zip
-    archive = open_zip(data, name, limits, "Excel (XLSX)")
+    from .packaged import open_package
+    archive, load = open_package(data, name, limits, "Excel (XLSX)", "xl/workbook.xml",
+                                 lambda f: load_workbook(f, read_only=True, data_only=True))
     members = archive.namelist()
-    if "xl/workbook.xml" not in members:
-        raise DocumentError(f"{name} is not an Excel (XLSX) workbook (no xl/workbook.xml)")
     shared = limits.max_cells * SHARED_BYTES_PER_CELL     # openpyxl holds every shared string in memory
     if "xl/sharedStrings.xml" in members and (size := archive.getinfo("xl/sharedStrings.xml").file_size) > shared:
         raise DocumentError(f"{name}: its shared strings unpack to {size >> 20} MB, over the limit of "
@@ -95,10 +94,7 @@ def extract_xlsx(data: bytes, name: str, limits: Limits = Limits()) -> Extracted
             if declared > limits.max_cells:
                 raise DocumentError(f"{name}: a sheet declares {declared:,} cells, over the limit of "
                                     f"{limits.max_cells:,}")
-    try:
-        book = load_workbook(io.BytesIO(data), read_only=True, data_only=True)
-    except Exception as e:            # openpyxl raises many kinds for a damaged part (KeyError, ValueError, ...)
-        raise DocumentError(f"{name} is not a readable Excel (XLSX) workbook ({type(e).__name__}: {e})") from None
+    book = load()
     tables = Tables(name, limits, "xlsx")
     try:
         for sheet in book.worksheets:

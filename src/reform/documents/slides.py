@@ -5,9 +5,7 @@ screen reader follows), groups opened."""
 
 from __future__ import annotations
 
-import io
 import re
-import zipfile
 
 from .extracted import Builder, DocumentError, Extracted, Limits
 
@@ -32,20 +30,13 @@ def shape_lines(shape) -> list[str]:
 
 def extract_pptx(data: bytes, name: str, limits: Limits = Limits()) -> Extracted:
     from pptx import Presentation
-    from pptx.exc import PackageNotFoundError
 
-    from .packaged import open_zip
-    archive = open_zip(data, name, limits, "PowerPoint (PPTX)")
-    members = archive.namelist()
-    if "ppt/presentation.xml" not in members:
-        raise DocumentError(f"{name} is not a PowerPoint (PPTX) presentation (no ppt/presentation.xml)")
-    slides = sum(1 for m in members if _SLIDE.fullmatch(m))
+    from .packaged import open_package
+    archive, load = open_package(data, name, limits, "PowerPoint (PPTX)", "ppt/presentation.xml", Presentation)
+    slides = sum(1 for m in archive.namelist() if _SLIDE.fullmatch(m))
     if slides > limits.max_pages:      # counted in the zip's directory, before python-pptx loads any part
         raise DocumentError(f"{name} has {slides:,} slides, over the limit of {limits.max_pages:,}")
-    try:
-        deck = Presentation(io.BytesIO(data))
-    except (PackageNotFoundError, KeyError, ValueError, zipfile.BadZipFile) as e:
-        raise DocumentError(f"{name} is not a valid PowerPoint (PPTX) presentation ({e})") from None
+    deck = load()
     out = Builder(name, limits, "pptx")
     out.unit = "slide"
     for number, slide in enumerate(deck.slides, start=1):

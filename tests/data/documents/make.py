@@ -99,9 +99,37 @@ def make_epub(out: Path) -> None:
                        f"<h2>{title}</h2>{paras}</body></html>")
 
 
+def zipped(members: dict[str, bytes]) -> bytes:
+    """A zip of ``members`` (name -> bytes), deflated: the shape of hostile office files."""
+    import io
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def medal_workbook() -> bytes:
+    """A workbook written by openpyxl: 60 rows of lights on one sheet, the book's medal on a second."""
+    import io
+
+    from openpyxl import Workbook
+    book = Workbook()
+    book.active.title = "Lights"
+    for i in range(60):
+        book.active.append([f"Light {i}", f"Keeper {i}", 1900 + i])
+    medals = book.create_sheet("Medals")
+    medals.append(["year", "medal"])
+    medals.append([1923, "A silver medal engraved with the number 11"])
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
 def soffice_convert(source: Path, out_dir: Path, target: str, *filters: str) -> Path:
     """``source`` converted by headless LibreOffice into ``out_dir`` as ``target`` (xlsx, pptx...)."""
     soffice = shutil.which("soffice") or shutil.which("libreoffice")
+    out_dir = out_dir.resolve()
     profile = out_dir / ".libreoffice"
     subprocess.run([soffice, f"-env:UserInstallation={profile.as_uri()}", "--headless", *filters,
                     "--convert-to", target, "--outdir", str(out_dir), str(source)], check=True, capture_output=True,
