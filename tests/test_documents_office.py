@@ -166,3 +166,27 @@ def test_the_debian_reference_pdf_has_no_control_characters_and_keeps_its_compou
     assert not CONTROL.search(doc.text)
     assert "shell-command examples for non-developers." in doc.text
     assert "distri-bution" not in doc.text and "Debian distribution" in doc.text
+
+
+def test_a_passage_is_cut_where_it_crosses_into_the_next_sheet():
+    import torch
+
+    from reform.documents.evidence import Source, passages
+    from openpyxl import Workbook
+    book = Workbook()
+    book.active.title = "First"
+    for i in range(1, 4):
+        book.active.append([f"a{i}", i])
+    second = book.create_sheet("Second")
+    for i in range(1, 4):
+        second.append([f"b{i}", i])
+    out = io.BytesIO()
+    book.save(out)
+    doc = extract_bytes(out.getvalue(), "book.xlsx")
+    starts = torch.arange(0, len(doc.text), 8, dtype=torch.int32)       # a "token" every 8 characters
+    found = passages(Source(doc, starts), torch.arange(starts.numel()))
+    assert [p.section for p in found] == ["First", "Second"]
+    assert "a3" in found[0].text and "b1" not in found[0].text and found[1].text.startswith("## Second")
+    middle = passages(Source(doc, starts), torch.arange(3, starts.numel() - 2))    # from a row of each sheet
+    assert [(p.section, p.unit) for p in middle] == [("First", "row"), ("Second", "row")]
+    assert middle[0].where().startswith("book.xlsx, \u201cFirst\u201d, row")

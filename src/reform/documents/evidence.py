@@ -84,7 +84,8 @@ def passages(source: Source, kept: torch.Tensor, scores: torch.Tensor | None = N
         begin = int(starts[first])
         end = int(starts[last + 1]) if last + 1 < n and starts[last + 1] >= 0 else size
         run_starts = starts[first:last + 1]
-        # a run that crosses from one document of a folder into the next: one passage per document
+        # a run that crosses from one document of a folder into the next (or one sheet of a workbook into
+        # the next): one passage per document and sheet
         for a, b in split_by_document(doc, begin, max(end, begin)):
             text = doc.text[a:b]
             lead = len(text) - len(text.lstrip())
@@ -104,10 +105,15 @@ def passages(source: Source, kept: torch.Tensor, scores: torch.Tensor | None = N
 
 
 def split_by_document(doc: Extracted, begin: int, end: int) -> list[tuple[int, int]]:
-    cuts, current = [], doc.mark_at(begin).document
+    """``[begin, end)`` cut where it crosses into another document, or into another sheet of a workbook
+    (its rows count from 1 again)."""
+    first = doc.mark_at(begin)
+    cuts, document, sheet = [], first.document, first.section if first.unit == "row" else None
     for mark in doc.marks:
-        if begin < mark.start < end and mark.document != current:
+        if not begin < mark.start < end:
+            continue
+        if mark.document != document or (mark.unit == "row" and sheet is not None and mark.section != sheet):
             cuts.append(mark.start)
-            current = mark.document
+        document, sheet = mark.document, mark.section if mark.unit == "row" else sheet
     edges = [begin, *cuts, end]
     return list(zip(edges, edges[1:]))

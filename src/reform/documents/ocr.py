@@ -110,9 +110,20 @@ class Pages:
         return text
 
     def timings(self) -> dict:
+        """OCR's share of the timings; also hands the memory OCR's buffers held back to the system (glibc
+        keeps a few hundred MB of freed arena otherwise: 480 MB resident after one page, 160 MB after this)."""
+        release_memory()
         if not self.done:
             return {}
         return {"ocr_pages": self.done, "ocr_s_per_page": round(self.seconds / self.done, 3)}
+
+
+def release_memory() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):       # not glibc: nothing to hand back this way
+        pass
 
 
 def extract_image(data: bytes, name: str, limits):
@@ -138,8 +149,12 @@ def extract_image(data: bytes, name: str, limits):
             out.check_time()
             out.new_page(number)
             out.write(reader.read(frame, name if frames == 1 else f"{name}, page {number}"))
+    except DocumentError:
+        raise
     except (OSError, ValueError) as e:       # a truncated or damaged image, found while decoding it
         raise DocumentError(f"{name} is damaged: {e}") from None
+    finally:
+        release_memory()
     if out.size == 0 or not "".join(out.pieces).strip():
         raise DocumentError(f"{name} has no text that OCR can read")
     extracted = out.done()

@@ -164,7 +164,8 @@ def _build(name: str, limits: Limits, texts: list[str], outline: list[tuple[int,
     texts = dehyphenate([t.replace("\r\n", "\n").replace("\r", "\n") for t in texts])
     if sum(len(t.strip()) for t in texts) < MIN_CHARS_PER_PAGE * n:
         if timings.get("ocr_pages"):
-            raise DocumentError(f"{name} has no text that OCR can read ({timings['ocr_pages']} pages read)")
+            pages = timings["ocr_pages"]
+            raise DocumentError(f"{name} has no text that OCR can read ({pages} page{'s' if pages > 1 else ''} read)")
         raise DocumentError(f"{name} has no text layer (a scanned or image-only PDF?)" +
                             ("; --ocr auto reads it by OCR" if limits.ocr == "never" else ""))
     lines = [t.split("\n") for t in texts]
