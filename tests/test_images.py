@@ -145,8 +145,13 @@ def test_reform_ask_takes_image_files_among_its_inputs(tiny_vlm_dir, tiny_model_
     for files, model, message in (([notes, image], tiny_model_dir, "takes no images"),
                                   ([notes, tmp_path / "gone.png"], tiny_vlm_dir, "image not found"),
                                   ([notes, broken], tiny_vlm_dir, "not an image PIL can read")):
-        r = CliRunner().invoke(app, ["ask", *map(str, files), *common, "--model", str(model)])
+        r = CliRunner().invoke(app, ["ask", *map(str, files), *common, "--model", str(model), "--ocr", "never"])
         assert r.exit_code == 2 and message in r.output, r.output
+    # a text-only model with --ocr auto (the default): the image is a page, read by OCR, named in the evidence
+    r = CliRunner().invoke(app, ["ask", str(notes), str(image), *common, "--model", str(tiny_model_dir)])
+    assert r.exit_code == 0, r.output
+    answer = json.loads(r.output.strip().splitlines()[-1])
+    assert answer["stats"]["ocr_pages"] == 1 and "notes.txt" in {e["document"] for e in answer["evidence"]}
 
 
 def data_url(image) -> str:

@@ -80,12 +80,13 @@ def parse_depths(text: str | None) -> list[float] | None:
     return depths
 
 
-def check_tasks(suite: str, text: str | None) -> list[str] | None:
-    """The requested tasks by their names in the suite (``vt`` and ``ruler/vt`` both name ``vt``)."""
+def check_tasks(suite: str, text: str | None, source: str | None = None) -> list[str] | None:
+    """The requested tasks by their names in the suite (``vt`` and ``ruler/vt`` both name ``vt``), among
+    those of ``source`` (the generator's suite: ``ruler-official`` for RULER's own; default ``suite``)."""
     if text is None:
         return None
     from ..eval.tasks import suite_tasks
-    known = suite_tasks(suite)
+    known = suite_tasks(source or suite)
     tasks = [t.removeprefix(f"{suite}/") for t in _split(text)]
     if not tasks or (unknown := [t for t in tasks if t not in known]):
         what = f"unknown {suite} task '{unknown[0]}'" if tasks else "no tasks given"
@@ -198,7 +199,7 @@ def suite_command(suite: str):
                 length_list = parse_lengths(lengths)
             depth_list = parse_depths(depths)
             source, made_by = rows_source(suite, generator)
-            task_list = check_tasks(source, tasks)
+            task_list = check_tasks(suite, tasks, source)
             if haystack is not None and not haystack.is_dir():
                 raise CliError(f"haystack folder not found: {haystack}")
 

@@ -66,4 +66,17 @@ def join(named: list[tuple[str, Extracted]]) -> Extracted:
                   if m.start > 0 or m.page is not None or m.section is not None]
         size = body + len(doc.text) + len(footer)
         pages += doc.pages
-    return Extracted("".join(pieces), marks, "folder", pages)
+    joined = Extracted("".join(pieces), marks, "folder", pages)
+    joined.timings = added_timings([doc.timings for _, doc in named])
+    return joined
+
+
+def added_timings(timings: list[dict]) -> dict:
+    """The documents' extraction timings as one: seconds and OCR pages added, OCR seconds per page over all."""
+    extract_s = sum(t.get("extract_s", 0.0) for t in timings)
+    pages = sum(t.get("ocr_pages", 0) for t in timings)
+    out = {"extract_s": round(extract_s, 3)}
+    if pages:
+        seconds = sum(t.get("ocr_pages", 0) * t.get("ocr_s_per_page", 0.0) for t in timings)
+        out.update(ocr_pages=pages, ocr_s_per_page=round(seconds / pages, 3))
+    return out

@@ -36,10 +36,10 @@ class Suite:
 SUITES = {
     "niah": Suite(niah.TASKS, niah.generate),
     "ruler": Suite(ruler.TASKS, ruler.generate),
-    "ruler-official": Suite(ruler_official.TASKS, ruler_official.generate),
     "babilong": Suite(babilong.TASKS, babilong.generate),
     "shared": Suite(shared.TASKS, shared.generate),
     "mm-niah": Suite(mm_niah.TASKS, mm_niah.generate),
+    "ruler-official": Suite(ruler_official.TASKS, ruler_official.generate),
 }
 
 
