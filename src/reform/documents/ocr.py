@@ -19,6 +19,7 @@ MAX_PIXELS = 40_000_000   # an image file is refused above this, before it is de
 
 _engine = None
 _engine_lock = threading.Lock()
+_reading = threading.Lock()      # one page at a time per process: the engine is not known to be thread-safe
 _progress: contextvars.ContextVar = contextvars.ContextVar("ocr_progress", default=None)
 
 
@@ -87,7 +88,10 @@ def lines(boxes, texts) -> list[str]:
 def read(image, where: str) -> str:
     """The text OCR reads in ``image`` (PIL), as lines."""
     import numpy as np
-    result = engine()(np.asarray(fit(image, where)))
+    pixels = np.asarray(fit(image, where))
+    ocr = engine()
+    with _reading:
+        result = ocr(pixels)
     if not result.txts:
         return ""
     return "\n".join(lines(result.boxes, result.txts))
