@@ -120,3 +120,14 @@ def test_hostile_scans_are_refused_in_one_line():
     blank.write(out)
     with pytest.raises(DocumentError, match="has no text layer"):      # no image on it: nothing for OCR to read
         extract_bytes(out.getvalue(), "blank.pdf")
+
+
+def test_a_folders_images_are_left_out_unless_ocr_always(tmp_path):
+    from PIL import Image
+    (tmp_path / "notes.md").write_text("# Notes\n\nThe lighthouse was automated in 1958.\n")
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "icon.png")
+    doc = extract(tmp_path)
+    assert "automated in 1958" in doc.text and [name for name, _ in doc.skipped] == ["icon.png"]
+    assert "read by OCR with --ocr always" in doc.skipped[0][1]
+    always = extract(tmp_path, limits=Limits(ocr="always"))         # read, found blank, left out with why
+    assert "automated in 1958" in always.text and "no text that OCR can read" in always.skipped[0][1]

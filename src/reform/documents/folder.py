@@ -37,9 +37,9 @@ def combine(documents: list[str], source: str, limits: Limits, images: bool = Fa
         except UnsupportedDocument as e:
             skipped.append((name, str(e)))
         except DocumentError as e:
-            if "is empty" not in str(e):
+            if "is empty" not in str(e) and "has no text" not in str(e):
                 raise
-            skipped.append((name, str(e)))
+            skipped.append((name, str(e)))        # a blank page or image in a folder: nothing to read there
     if not named:
         why = "; ".join(f"{n}: {w}" for n, w in skipped[:3])
         raise DocumentError(f"no document in {source} that reform reads" + (f" ({why})" if why else ""))
