@@ -66,15 +66,19 @@ def hotpotqa_count() -> int:
     return len(_hotpot_raw())
 
 
+def _literal(value):
+    """A HotpotQA field: a JSON list, or in other copies of the file a Python literal (literals only)."""
+    return ast.literal_eval(value) if isinstance(value, str) else value
+
+
 def hotpotqa(index: int) -> HotpotQuestion | None:
     """Question ``index`` of HotpotQA's dev set, or None where its gold paragraphs are not all among its
     paragraphs. ``context`` and ``supporting_facts`` are JSON lists (or, in other copies of the file,
     Python literals, read with ``ast.literal_eval``: literals only, nothing runs)."""
     item = _hotpot_raw()[index]
-    literal = lambda v: ast.literal_eval(v) if isinstance(v, str) else v
     try:
-        paragraphs = tuple((str(t), tuple(map(str, s))) for t, s in literal(item["context"]))
-        gold = tuple(dict.fromkeys(str(t) for t, _ in literal(item["supporting_facts"])))
+        paragraphs = tuple((str(t), tuple(map(str, s))) for t, s in _literal(item["context"]))
+        gold = tuple(dict.fromkeys(str(t) for t, _ in _literal(item["supporting_facts"])))
     except (ValueError, SyntaxError, TypeError, KeyError):
         return None
     titles = {t for t, _ in paragraphs}
@@ -106,10 +110,9 @@ def hotpotqa_supporting_sentences(index: int) -> tuple[str, list[tuple[str, str]
     facts as ``(document, sentence)``: the paragraph as RULER's qa.py writes it (title, newline, sentences
     joined) and the supporting sentence in it."""
     item = _hotpot_raw()[index]
-    literal = lambda v: ast.literal_eval(v) if isinstance(v, str) else v
-    paragraphs = {str(t): [str(s) for s in sents] for t, sents in literal(item["context"])}
+    paragraphs = {str(t): [str(s) for s in sents] for t, sents in _literal(item["context"])}
     facts = []
-    for title, sid in literal(item["supporting_facts"]):
+    for title, sid in _literal(item["supporting_facts"]):
         sentences = paragraphs.get(str(title), [])
         if 0 <= int(sid) < len(sentences):
             facts.append((f"{title}\n{''.join(sentences)}", sentences[int(sid)]))

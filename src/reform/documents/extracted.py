@@ -42,6 +42,12 @@ class Mark:
     section: str | None = None
     unit: str = "page"
 
+    def stored(self, document) -> list:
+        """The mark as a JSON list, ``document`` standing for its document; the unit only where it is not
+        ``page``, so the marks of PDFs and text read as they did before units existed (content keys and saved
+        contexts unchanged)."""
+        return [self.start, document, self.page, self.section] + ([self.unit] if self.unit != "page" else [])
+
 
 @dataclass(frozen=True)
 class Location:
@@ -98,8 +104,7 @@ class Extracted:
             return None
         import hashlib
         import json
-        marks = [[m.start, m.document, m.page, m.section] + ([m.unit] if m.unit != "page" else []) for m in self.marks]
-        return hashlib.sha256(json.dumps([self.kind, marks]).encode()).hexdigest()
+        return hashlib.sha256(json.dumps([self.kind, [m.stored(m.document) for m in self.marks]]).encode()).hexdigest()
 
     def mark_at(self, offset: int) -> Mark:
         return self.marks[max(0, bisect.bisect_right(self._mark_starts, offset) - 1)]

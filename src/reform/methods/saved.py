@@ -65,8 +65,7 @@ def source_manifest(source: Source) -> dict:
     names = list(dict.fromkeys(m.document for m in doc.marks))
     index = {n: i for i, n in enumerate(names)}
     return {"kind": doc.kind, "pages": doc.pages, "documents": names,
-            "marks": [[m.start, index[m.document], m.page, m.section] + ([m.unit] if m.unit != "page" else [])
-                      for m in doc.marks]}
+            "marks": [m.stored(index[m.document]) for m in doc.marks]}
 
 
 def restore_source(tensors: dict[str, torch.Tensor], meta: dict | None) -> Source | None:
