@@ -18,6 +18,7 @@ LAYERS = [
     {"heads", "conformance"},
     {"methods"},
     {"pipeline"},
+    {"library"},
     {"server"},
     {"cluster"},
     {"eval"},

@@ -154,6 +154,26 @@ def test_unknown_method_and_empty_inputs(tokenizer):
         pipe.encode(CONTEXT).ask(" ")
 
 
+def test_documents_get_the_documents_method_unless_a_method_is_named(tokenizer, tmp_path):
+    """``Pipeline(method=None)``, the default, runs REFORM for text and ``DOCUMENTS_METHOD`` for documents, as
+    `reform ask FILE` and `reform serve` do; a method named runs for everything, and content keys follow."""
+    from reform.methods import DOCUMENTS_METHOD
+    from reform.pipeline import check_load
+    model = tiny()
+    pipe, named = make(model, tokenizer), make(model, tokenizer, method="reform")
+    doc = tmp_path / "notes.md"
+    doc.write_text("# Boats\n\n" + CONTEXT)
+    assert pipe.policy == {"text": "reform", "documents": DOCUMENTS_METHOD[0]}
+    assert named.policy == {"text": "reform", "documents": "reform"}
+    assert pipe.encode(doc).method.name == DOCUMENTS_METHOD[0] and pipe.encode(CONTEXT).method.name == "reform"
+    assert named.encode(doc).method.name == "reform"
+    ids, _, source = pipe.tokenize(doc)
+    assert pipe.context_key(ids, document=source.document) != named.context_key(ids, document=source.document)
+    assert pipe.context_key(ids) == named.context_key(ids)      # the same ids as plain text: REFORM's key
+    with pytest.raises(ValueError, match="retriever"):           # the policy's two methods check every option
+        check_load(method=None, retriever="nope")
+
+
 def test_model_without_rotary_positions_is_refused(tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
     from reform.engine import UnsupportedModelError

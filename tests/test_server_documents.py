@@ -132,3 +132,43 @@ def test_unsupported_and_damaged_files_are_refused_and_the_server_goes_on(live):
     ok = live.client().chat.completions.create(model="reform", max_tokens=4,
                                                messages=[{"role": "user", "content": "Say hello."}])
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_pdf_gets_the_same_gather_and_evidence_from_the_server_as_from_reform_ask(tiny_model_dir, tmp_path):
+    """One documents policy everywhere (docs/documents.md): `reform serve` without --method encodes a PDF with
+    the documents method that `reform ask FILE` runs, and answers with the same evidence; plain text in a chat
+    keeps REFORM."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from reform.cli.common import LoadArgs, pipeline_from
+    from reform.cli.main import app
+    from reform.methods import DOCUMENTS_METHOD
+    flags = dict(model=str(tiny_model_dir), heads="1:v:0,2:q:3", chunk_size=128, cache_budget=256, recompute_budget=400)
+    path = tmp_path / "book.pdf"
+    path.write_bytes(PDF)
+    r = CliRunner().invoke(app, ["ask", str(path), "-q", Q, "--json", "--max-new-tokens", "8",
+                                 *[f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]])
+    assert r.exit_code == 0, r.output
+    asked = json.loads(r.stdout)
+    assert asked["method"] == DOCUMENTS_METHOD[0] and asked["evidence"]
+    pipe = pipeline_from(LoadArgs(**flags).load(documents=None))      # what `reform serve` loads
+    assert pipe.policy == {"text": "reform", "documents": DOCUMENTS_METHOD[0]}
+    with LiveServer(pipe, tmp_path / "store") as server:
+        client = server.client()
+        made = client.files.create(file=("book.pdf", PDF), purpose="user_data")
+        served = client.chat.completions.create(**file_chat({"file_id": made.id}))
+        reform = served.model_extra["reform"]
+        assert [(e["text"], e["page"], e["section"]) for e in reform["evidence"]] == \
+            [(e["text"], e["page"], e["section"]) for e in asked["evidence"]]
+        assert served.choices[0].message.content == asked["answer"]
+        health = httpx.get(f"{server.url}/health").json()
+        assert (health["method"], health["documents_method"]) == ("reform", DOCUMENTS_METHOD[0])
+        methods = {c.get("method") for c in httpx.get(f"{server.url}/v1/contexts").json()["data"]}
+        plain = client.chat.completions.create(model="reform", max_tokens=4, messages=[
+            {"role": "system", "content": "The keeper's boat was called Marit. " * 30},
+            {"role": "user", "content": "What was the boat called?"}])
+        assert plain.choices[0].message.content is not None
+        after = {c.get("method") for c in httpx.get(f"{server.url}/v1/contexts").json()["data"]}
+    assert methods == {DOCUMENTS_METHOD[0]} and after == {DOCUMENTS_METHOD[0], "reform"}

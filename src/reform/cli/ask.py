@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -36,15 +37,31 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
         evidence: int = typer.Option(0, "--evidence", min=0, help="print the N passages the answer was "
                                      "recomputed from, best first, with their document, page or line"),
         ocr: str = OcrOpt,
+        store: Optional[str] = typer.Option(None, "--store", help="ask the library in this store (`reform library "
+                                            "add`) instead of FILE"),
+        documents: Optional[str] = typer.Option(None, "--documents", help="with --store: only these documents "
+                                                "(names, comma-separated)"),
+        candidates: int = typer.Option(8, "--candidates", min=1, help="with --store: documents whose passages "
+                                       "score best that go on to the token gather"),
         *, load: LoadArgs):
-    """Answer QUESTION about FILE (or several files, images among them, or a saved --context), however long."""
+    """Answer QUESTION about FILE (or several files, images among them, a saved --context, or a library's
+    --store), however long."""
     try:
         if question is None or not question.strip():
             raise CliError("a question is required: --question \"...\"")
         sampling = check_sampling(temperature, top_p, seed, stop)
-        if (not files) == (context is None):
-            raise CliError("give either FILE... or --context FILE.reform (exactly one)")
-        if context is not None:
+        if (not files) + (context is None) + (store is None) != 2:
+            raise CliError("give FILE..., --context FILE.reform or --store LIBRARY (exactly one)")
+        if documents is not None and store is None:
+            raise CliError("--documents chooses documents of a library: give --store")
+        if store is not None:
+            from .library import ask_library
+            printer = None if as_json else (lambda s: (out.print(s, end="", markup=False), sys.stdout.flush()))
+            pipe, answer = ask_library(store, question, documents, candidates, load, answer_prefix=answer_prefix,
+                                       max_new_tokens=max_new_tokens, on_text=printer, **sampling)
+            if printer is not None:
+                out.print()
+        elif context is not None:
             fixed = load.method_flags_given()
             if fixed:
                 raise CliError(f"{', '.join(fixed)} cannot be combined with --context: a saved context keeps the "

@@ -183,13 +183,16 @@ class LoadArgs:
     profile: Optional[str] = None
     chat_template: bool = True
 
-    def load(self, documents: bool = False) -> dict:
+    def load(self, documents: bool | None = False) -> dict:
         """``Pipeline.load`` keyword arguments (``load_options``); a bad ``--option`` is a ``CliError``.
-        ``documents``: the context is read from files, so with no ``--method`` it gets ``DOCUMENTS_METHOD``
-        (its options under any ``--option`` given), else REFORM."""
+        With no ``--method``: ``documents`` True, the context is read from files and gets ``DOCUMENTS_METHOD``
+        (its options under any ``--option`` given); False, REFORM; None (a server, which takes both), the
+        pipeline's own policy: REFORM for text, ``DOCUMENTS_METHOD`` for documents."""
         from ..methods import DOCUMENTS_METHOD
         method, options = self.method or "reform", parse_options(self.option, self.profile)
-        if self.method is None and documents:
+        if self.method is None and documents is None:
+            method = None
+        elif self.method is None and documents:
             method, options = DOCUMENTS_METHOD[0], {**DOCUMENTS_METHOD[1], **options}
         return load_options(self.model, method, self.heads, self.chunk_size, self.cache_budget,
                             self.recompute_budget, self.device, self.dtype, self.chat_template, options)

@@ -7,9 +7,11 @@ from . import ask, bench, encode, models, serve  # noqa: F401  (register `reform
 from .common import app
 from .eval import app as eval_app
 from .heads import app as heads_app
+from .library import app as library_app
 
 app.add_typer(heads_app, name="heads")
 app.add_typer(eval_app, name="eval")
+app.add_typer(library_app, name="library")
 
 __all__ = ["app", "main"]
 

@@ -79,7 +79,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         if keys is not None:
             keys = str(Path(keys).expanduser().resolve())       # Ray replicas read the same file
         check_port_free(host, port)
-        load = load.load()
+        load = load.load(documents=None)      # REFORM for text, the documents gather for files
         settings = Settings(api_key=api_key, keys_file=keys, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting,
@@ -97,7 +97,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
     except CliError as e:
         fail(e)
     import uvicorn
-    err.print(f"serving {pipe.model_name} ({pipe.method.name}) on http://{host}:{port}/v1 · store {store}"
+    err.print(f"serving {pipe.model_name} ({methods_line(pipe.policy)}) on http://{host}:{port}/v1 · store {store}"
               + access_line(tenants), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if access_log:
@@ -107,6 +107,13 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         logging.getLogger("reform.access").addHandler(handler)
         logging.getLogger("reform.access").setLevel(logging.INFO)
     uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace)
+
+
+def methods_line(policy: dict) -> str:
+    """``reform; documents: reform+rag`` (``Pipeline.policy``), or the one method that runs everything."""
+    if policy["text"] == policy["documents"]:
+        return policy["text"]
+    return f"{policy['text']}; documents: {policy['documents']}"
 
 
 def access_line(tenants) -> str:
@@ -123,7 +130,9 @@ def serve_on_ray(load: dict, store: str, options: dict, settings, host: str, por
     from ..cluster import serve as cluster_serve
     from .encode import connect_ray
     connect_ray(address)
-    err.print(f"serving {load.get('model') or 'the default model'} ({load['method']}) on http://{host}:{port}/v1 "
+    from ..methods import DOCUMENTS_METHOD
+    policy = {"text": load["method"] or "reform", "documents": load["method"] or DOCUMENTS_METHOD[0]}
+    err.print(f"serving {load.get('model') or 'the default model'} ({methods_line(policy)}) on http://{host}:{port}/v1 "
               f"from {replicas} Ray Serve replicas · store {store}" + access_line(tenants), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cluster_serve.run(load, store, host=host, port=port, replicas=replicas, threads_per_replica=threads_per_replica,

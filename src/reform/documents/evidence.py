@@ -95,8 +95,11 @@ def passages(source: Source, kept: torch.Tensor, scores: torch.Tensor | None = N
             tokens = [first + int(i) for i in torch.nonzero((run_starts >= a) & (run_starts < b)).flatten()]
             at = a + lead
             loc, last_loc = doc.locate(at), doc.locate(at + len(body) - 1)
+            # a passage from a heading above the first page or row (a sheet's name and table header) is placed
+            # at the first one it holds
+            page = loc.page if loc.page is not None else doc.first_page(at, at + len(body))
             best = None if score_of is None or not tokens else max(score_of[i] for i in tokens)
-            found.append(Passage(body, loc.document, loc.page, last_loc.page if loc.page is not None else None,
+            found.append(Passage(body, loc.document, page, last_loc.page if page is not None else None,
                                  loc.section, loc.line, at, at + len(body),
                                  None if best is None else round(best, 4), len(tokens), loc.unit))
     if scores is not None:

@@ -109,6 +109,15 @@ class Extracted:
     def mark_at(self, offset: int) -> Mark:
         return self.marks[max(0, bisect.bisect_right(self._mark_starts, offset) - 1)]
 
+    def first_page(self, start: int, end: int) -> int | None:
+        """The first page (row, slide) a mark in ``[start, end)`` names, None where none does."""
+        i = max(0, bisect.bisect_right(self._mark_starts, start) - 1)
+        while i < len(self.marks) and self.marks[i].start < end:
+            if self.marks[i].page is not None:
+                return self.marks[i].page
+            i += 1
+        return None
+
     def document_start(self, document: str, before: int) -> int:
         """Where ``document``'s text starts (its first mark at or before ``before``)."""
         i = bisect.bisect_right(self._mark_starts, before) - 1

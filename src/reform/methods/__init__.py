@@ -18,10 +18,10 @@ from .streaming import StreamingConfig, StreamingLLM
 from .tova import TOVAConfig, TOVA
 from .truncate import Truncate, TruncateConfig
 
-# What `reform ask FILE` and `reform encode` run when no --method is given: REFORM+RAG (REFORM §4.4) with
-# dense and BM25 passage scores, max-pooled as REFORM pools its own, which gathered the evidence of real
-# documents where REFORM's gather alone missed it (docs/methods.md, "Documents"). Text given by other means
-# keeps REFORM.
+# What documents are encoded with when no method is named (`reform ask FILE`, `reform encode`, `reform serve`,
+# `Pipeline`): REFORM+RAG (REFORM §4.4) with dense and BM25 passage scores, max-pooled as REFORM pools its
+# own, which gathered the evidence of real documents where REFORM's gather alone missed it (docs/methods.md,
+# "Documents"). Text that is not a document keeps REFORM.
 DOCUMENTS_METHOD = ("reform+rag", {"retriever": "dense+bm25", "pool_passages": True})
 
 __all__ = ["DOCUMENTS_METHOD", "REGISTRY", "Answer", "CachedMethod", "Context", "Method", "OptionError", "Full", "Reform",

@@ -22,6 +22,17 @@ def standardize(x: torch.Tensor) -> torch.Tensor:
     return (x - x.mean()) / x.std().clamp_min(1e-6)
 
 
+def mixed_ranking(reform: torch.Tensor, passages: list[torch.Tensor], weight: float, pool_window: int | None,
+                  segments: list[int] | None = None) -> torch.Tensor:
+    """``(1 - weight) * standardize(reform) + weight * mean(standardize(p) for p in passages)``, the passage
+    part max-pooled over ``pool_window`` (None: not pooled) within each of ``segments`` (token counts of
+    contexts laid end to end, as a library's documents are; None: one)."""
+    mixed = sum(standardize(p.to(reform.device)) for p in passages) / len(passages)
+    if pool_window:
+        mixed = torch.cat([max_pool(part, pool_window) for part in mixed.split(segments or [mixed.shape[0]])])
+    return (1 - weight) * standardize(reform) + weight * mixed
+
+
 RETRIEVERS = {"dense": ("dense",), "bm25": ("bm25",), "dense+bm25": ("dense", "bm25")}
 
 
@@ -95,10 +106,6 @@ class ReformRag(Reform):
         pooled (``run_peaks`` then lifts what this misses)."""
         reform = super().ranking(ctx, part, query)
         question = ctx.pipeline.tokenizer.decode(part.question, skip_special_tokens=True)
-        indexes = ctx.extra["passages"].values()
-        passages = sum(standardize(p.token_scores(question, reform.shape[0]).to(reform.device))
-                       for p in indexes) / len(indexes)
-        if self.config.pool_passages:
-            passages = max_pool(passages, self.config.pool_window)
-        w = self.config.weight
-        return (1 - w) * standardize(reform) + w * passages
+        c = self.config
+        return mixed_ranking(reform, [p.token_scores(question, reform.shape[0]) for p in ctx.extra["passages"].values()],
+                             c.weight, c.pool_window if c.pool_passages else None)

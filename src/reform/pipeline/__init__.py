@@ -20,7 +20,7 @@ from ..documents.evidence import Source
 from ..documents.extracted import Extracted
 from ..engine.core import Engine
 from ..engine.layout import Templater, as_tensor
-from ..methods import Answer, Context, Method
+from ..methods import DOCUMENTS_METHOD, Answer, Context, Method
 from ..methods.checkpoint import Checkpoint
 from ..methods.full import QuestionAlone
 from ..methods.saved import DTYPE_FLAGS, load_context, save_context
@@ -36,10 +36,14 @@ __all__ = ["DTYPE_FLAGS", "Pipeline", "Tokenized", "check_load", "check_method_o
 
 
 class Pipeline:
-    """``pipe.encode(text)`` returns a ``Context``; ``context.ask(question)`` returns an ``Answer``."""
+    """``pipe.encode(text)`` returns a ``Context``; ``context.ask(question)`` returns an ``Answer``.
+
+    ``method``: what every context is encoded and asked with; None (the default) is the policy every entry
+    point shares: REFORM for text and images, ``DOCUMENTS_METHOD`` for documents (files, folders, extracted
+    documents), each under ``method_options``."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, model_name: str | None = None,
-                 method: str = "reform", use_chat_template: bool = True, source: str | None = None,
+                 method: str | None = None, use_chat_template: bool = True, source: str | None = None,
                  processor=None, **method_options):
         self.engine = Engine(model)
         self.tokenizer = tokenizer
@@ -52,7 +56,9 @@ class Pipeline:
                           "text ('<context>\\n\\nQuestion: ...\\nAnswer:') and each answer ends with its first line",
                           PlainPromptWarning, stacklevel=2)
         self.eos_ids = self.templater.eos_ids(model)
-        self.method = make_method(method, self.engine, self.model_name, **method_options)
+        self.method = make_method(method or "reform", self.engine, self.model_name, **method_options)
+        self.documents_method = self.method if method is not None else make_method(
+            DOCUMENTS_METHOD[0], self.engine, self.model_name, **{**DOCUMENTS_METHOD[1], **method_options})
         self._identity: dict | None = None
         # runs a segment-parallel encode's segments ``[(ids, skip, last), ...]`` -> ``[(embeddings, cache)]``
         # elsewhere (e.g. on Ray workers, ``reform.cluster``); None: one after another in this process
@@ -76,6 +82,16 @@ class Pipeline:
         if self._identity is None:
             self._identity = model_identity(self)
         return self._identity
+
+    @property
+    def policy(self) -> dict:
+        """Which method encodes what: ``{"text": ..., "documents": ...}`` (names)."""
+        return {"text": self.method.name, "documents": self.documents_method.name}
+
+    def method_for(self, document: Extracted | None) -> Method:
+        """The method a context of ``document`` is encoded with: ``documents_method`` for a document (a file
+        or folder read by ``reform.documents``), ``method`` for plain text, images and token ids."""
+        return self.documents_method if document is not None and document.digest() is not None else self.method
 
     def context_key(self, ids: torch.Tensor, method: Method | None = None, image_rows: torch.Tensor | None = None,
                     document: Extracted | None = None) -> str:
@@ -119,15 +135,16 @@ class Pipeline:
                       checkpoint: str | Path | Checkpoint | None = None, source: Source | None = None) -> Context:
         """Encode what ``tokenize`` returned (callers that show progress over the tokens first)."""
         rows, resuming = image_rows, {}
+        method = self.method_for(source.document if source is not None else None)
         if checkpoint is not None:
-            if not self.method.resumable:
-                raise ValueError(f"method '{self.method.name}' cannot checkpoint its encode: REFORM's can")
+            if not method.resumable:
+                raise ValueError(f"method '{method.name}' cannot checkpoint its encode: REFORM's can")
             resuming["checkpoint"] = checkpoint = (checkpoint if isinstance(checkpoint, Checkpoint)
                                                    else Checkpoint(Path(checkpoint)))
             checkpoint.image_rows = rows
         t = time.perf_counter()
         with self.engine.input_rows(rows):
-            ctx = self.method.encode(self, ids, progress, **resuming)
+            ctx = method.encode(self, ids, progress, **resuming)
         ctx.image_rows = rows
         ctx.source = source
         ctx.encode_seconds = time.perf_counter() - t + (checkpoint.spent_before if checkpoint is not None else 0.0)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..engine.core import Engine
 from ..heads import find_preset
-from ..methods import REGISTRY, Method
+from ..methods import DOCUMENTS_METHOD, REGISTRY, Method
 
 
 def method_class(name: str) -> type[Method]:
@@ -24,7 +24,7 @@ def check_method_options(name: str, **options) -> None:
     method_class(name).check_options(options)
 
 
-def check_load(model=None, *, device=None, dtype=None, method: str = "reform", **options) -> None:
+def check_load(model=None, *, device=None, dtype=None, method: str | None = None, **options) -> None:
     """Everything about ``Pipeline.load(model, device=, dtype=, method=, **options)`` that can be refused
     without loading the model: the model's path (or that the hub is reachable for an id not cached), the
     device, the dtype, the method and its option values. The CLI, the eval runner and ``Pipeline.load``
@@ -33,7 +33,9 @@ def check_load(model=None, *, device=None, dtype=None, method: str = "reform", *
     from ..model import pick_device, pick_dtype, resolve
     if model is not None and not isinstance(model, (str, Path)):
         raise TypeError(f"model must be a hub id, folder or .gguf path, got {model!r}")
-    check_method_options(method, **options)
+    check_method_options(method or "reform", **options)
+    if method is None:      # the documents method too (``Pipeline``'s policy), under the same options
+        check_method_options(DOCUMENTS_METHOD[0], **{**DOCUMENTS_METHOD[1], **options})
     pick_dtype(pick_device(device), dtype)
     resolve(str(model) if model is not None else None, assemble=False)
 

@@ -20,7 +20,7 @@ def context_key(pipe, ids: torch.Tensor, method: Method | None = None, image_row
     """Content address of the context ``ids`` (and the image rows its ids past the vocabulary stand
     for) would encode to under ``pipe`` (a ``Pipeline``): same model, method options and input, same key
     (the store names files by it, so a document is encoded once)."""
-    method = method or pipe.method
+    method = method or pipe.method_for(document)
     ident = {k: v for k, v in pipe.identity.items() if k not in ("name", "source")}
     content = [ids_sha256(ids)]
     if image_rows is not None:

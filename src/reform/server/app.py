@@ -366,7 +366,8 @@ async def retrieve_model(name: str, request: Request):
 async def health(request: Request):
     service = service_of(request)
     worker = service.worker
-    return {"status": "ok", "model": service.model_id, "method": service.pipe.method.name, "queued": worker.queued(),
+    return {"status": "ok", "model": service.model_id, "method": service.pipe.method.name,
+            "documents_method": service.pipe.documents_method.name, "queued": worker.queued(),
             "busy": worker.busy(), "contexts_encoded": worker.contexts.encoded,
             "stored_contexts": len(worker.store.entries())}
 

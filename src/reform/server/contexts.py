@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from ..documents import Extracted
 from ..store import ContextFileError, ContextStore
 from .replicas import ContextStatus, Replicas
 from .scheduler import ENCODER, Cancelled, Job, QueueFull, Scheduler
@@ -76,7 +77,7 @@ class Contexts:
     def encode(self, key: str, text: str, job: Job):
         status = self.status.get(key)
         if status is None:
-            status = self.status[key] = ContextStatus(key, "queued", 0, method=self.pipe.method.name)
+            status = self.status[key] = ContextStatus(key, "queued", 0, method=self.method_of(text))
         status.status, status.error, status.tokens_encoded = "encoding", None, 0
         tokens = self.pipe.tokenize(text)          # once: the count shown and the ids encoded
         status.tokens = int(tokens.ids.shape[0])
@@ -112,6 +113,10 @@ class Contexts:
         self.remember(key, ctx)
         return ctx
 
+    def method_of(self, text) -> str:
+        """The method a context of ``text`` (plain text or an extracted document) is encoded with."""
+        return self.pipe.method_for(text if isinstance(text, Extracted) else None).name
+
     def remember(self, key: str, ctx) -> None:
         with self.lock:
             self.loaded[key] = ctx
@@ -144,7 +149,7 @@ class Contexts:
             job.for_chats = job.for_chats and for_chat
             return job
         with self.lock:
-            status = self.status[key] = ContextStatus(key, "queued", tokens, method=self.pipe.method.name)
+            status = self.status[key] = ContextStatus(key, "queued", tokens, method=self.method_of(text))
 
         def encode(job):
             found = self.context(key, text, job)

@@ -129,7 +129,8 @@ class Service:
         self.usage = DailyTokens(worker.store, worker.contexts.replicas.owner["instance"])
         self.in_flight = {t.name: 0 for t in self.tenants.all}      # requests being answered, by tenant
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
-                           "method": self.pipe.method.name, "window": self.pipe.engine.shape.window}
+                           "method": self.pipe.method.name, "documents_method": self.pipe.documents_method.name,
+                           "window": self.pipe.engine.shape.window}
 
     async def extract(self, data: bytes, filename: str) -> Extracted:
         """A document's bytes as text with its map (off the event loop); 415 for a type reform does not

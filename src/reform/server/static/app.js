@@ -185,6 +185,7 @@ drop.addEventListener("drop", (e) => {
 $("file").addEventListener("change", () => { if ($("file").files.length) setFile($("file").files[0]); });
 $("clear-file").onclick = () => { $("file").value = ""; setFile(null); };
 fetch("/v1/models", {headers: headers(false)}).then((r) => r.json()).then((m) => {
-  if (m.data) $("model").textContent = m.data[0].id + " · " + m.data[0].method;
+  if (m.data) $("model").textContent = m.data[0].id + " · " + m.data[0].method +
+    (m.data[0].documents_method && m.data[0].documents_method !== m.data[0].method ? "; documents: " + m.data[0].documents_method : "");
 }).catch(() => {});
 refresh();

@@ -1,0 +1,246 @@
+"""A library of documents (docs/library.md; layer 4½ of docs/architecture.md, between the pipeline and the
+server): many documents, each encoded once into a context of its own in a store, asked together.
+
+REFORM's split suits it (Song et al., NeurIPS 2025, §3): a document's encode does not depend on the
+question, so adding a document encodes that document only, and a question gathers from all of them.
+A question runs in three stages: the library's passage index picks candidate documents (``index``), REFORM's
+token gather spends one recompute budget over the candidates' tokens (``gather``), and the gathered tokens
+are recomputed document by document under a line naming each, then the answer is generated."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..documents import DocumentError, Limits, find_documents
+from ..documents.evidence import passages as evidence_passages
+from ..documents.folder import relative_name
+from ..documents.formats import extract_bytes, read_bytes
+from ..methods import Answer, Context, Full, Reform
+from ..methods.options import options_json
+from ..methods.rag import PassageIndex
+from ..methods.retrievers import Dense
+from ..store import ContextStore
+from .catalog import Catalog, Document, Passages
+from .gather import gather
+from .index import LibraryIndex
+
+HEADER = "Document: {name}\n"
+MADE_BY = ("model", "method", "options")      # what a library's documents must all be encoded with
+SEPARATOR = "\n\n"
+
+
+@dataclass
+class Added:
+    """What adding one file did: ``added``, ``replaced`` (the name held other content), ``unchanged`` or
+    ``failed`` (with ``error``)."""
+
+    name: str
+    status: str
+    tokens: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+class Library:
+    """The library in ``store`` (a folder, an fsspec URL or a ``ContextStore``; ``scope``: a folder in it)
+    for ``pipe``: its documents are encoded with ``pipe.documents_method``, which must gather with REFORM's
+    embeddings (``reform`` or ``reform+rag``); ``memory`` contexts stay loaded between questions."""
+
+    def __init__(self, pipe, store, scope: str = "", memory: int = 8):
+        self.pipe = pipe
+        self.store = store if isinstance(store, ContextStore) else ContextStore(store)
+        self.catalog = Catalog(self.store, scope)
+        self.method = pipe.documents_method
+        if not isinstance(self.method, Reform):
+            raise ValueError(f"a library gathers with REFORM's token embeddings; method '{self.method.name}' keeps "
+                             "none (use reform or reform+rag)")
+        identity = pipe.identity
+        self.maker = {"model": {k: v for k, v in identity.items() if k not in ("name", "source")},
+                      "method": self.method.name, "options": options_json(self.method.config),
+                      "model_name": pipe.model_name, "model_source": pipe.source, "dtype": identity["dtype"]}
+        self.memory = memory
+        self.loaded: OrderedDict[str, Context] = OrderedDict()
+        self._index: tuple[tuple, LibraryIndex] | None = None
+
+    # ------------------------------------------------------------------ what it holds
+    def documents(self) -> list[Document]:
+        return sorted(self.read()[1].values(), key=lambda d: d.name)
+
+    def read(self) -> tuple[dict | None, dict[str, Document]]:
+        """The catalog, refused in one line if another model or method made it."""
+        maker, docs = self.catalog.read()
+        if maker is not None and any(maker.get(k) != self.maker[k] for k in MADE_BY):
+            what = "model" if maker.get("model") != self.maker["model"] else "documents method or its options"
+            raise ValueError(f"the library in {self.store.url} was built with another {what} ({maker.get('model_name')}, "
+                             f"{maker.get('method')}); ask it with the model and method it was built with")
+        return maker, docs
+
+    # ------------------------------------------------------------------ add and remove
+    def add(self, source, *, limits: Limits = Limits(),
+            progress: Callable[[str, int, int], None] | None = None) -> list[Added]:
+        """Add a file, a folder (one document per file, named by its path below the folder) or a list of
+        them; each is encoded alone, and a file that fails is reported while the others are added.
+        ``progress(name, tokens done, tokens)`` follows each encode."""
+        self.read()
+        results = []
+        for location, name in self.locations(source):
+            started = time.perf_counter()
+            try:
+                results.append(self.add_one(location, name, limits, progress))
+            except (DocumentError, ValueError, OSError) as e:
+                results.append(Added(name, "failed", error=str(e).splitlines()[0] if str(e) else type(e).__name__))
+            results[-1].seconds = round(time.perf_counter() - started, 3)
+        return results
+
+    @staticmethod
+    def locations(source) -> list[tuple[str, str]]:
+        """``(location, name)`` of every file ``source`` names (one, a folder or glob, or a list)."""
+        if isinstance(source, (list, tuple)):
+            return [pair for one in source for pair in Library.locations(one)]
+        source = str(source)
+        found = find_documents(source)
+        if len(found) == 1 and found[0].rstrip("/").endswith(source.rstrip("/").rsplit("/", 1)[-1]) and \
+                not Path(source).is_dir():
+            return [(found[0], found[0].rsplit("/", 1)[-1])]
+        base = source if "://" in source else str(Path(source).expanduser().absolute())
+        return [(location, relative_name(location, base)) for location in found]
+
+    def add_one(self, location: str, name: str, limits: Limits,
+                progress: Callable[[str, int, int], None] | None = None) -> Added:
+        document = extract_bytes(read_bytes(location), name, limits)
+        ids, rows, source = self.pipe.tokenize(document)
+        key = self.catalog.key(self.pipe.context_key(ids, document=document))
+        old = self.read()[1].get(name)
+        if old is not None and old.key == key and self.store.has(key):
+            return Added(name, "unchanged", int(ids.shape[0]))
+        if self.store.has(key):
+            with self.store.open_local(key) as path:
+                ctx = self.pipe.load_context(path)
+        else:
+            total, done = int(ids.shape[0]), [0]
+
+            def step(n: int) -> None:
+                done[0] += n
+                if progress is not None:
+                    progress(name, done[0], total)
+            ctx = self.pipe.encode_tokens(ids, rows, step, source=source)
+            self.store.put(key, ctx)
+        passages = self.passages_of(ctx)
+        self.catalog.write_passages(key, passages)
+        with self.catalog.lock():
+            maker, docs = self.read()
+            docs[name] = Document(name, key, int(ids.shape[0]), document.kind, document.pages, len(passages.texts),
+                                  time.time())
+            self.catalog.write(self.maker, docs)
+            if old is not None and old.key != key:
+                self.catalog.drop_unused(old.key, docs)
+        return Added(name, "added" if old is None else "replaced", int(ids.shape[0]))
+
+    def passages_of(self, ctx: Context) -> Passages:
+        """The document's passages for the first stage: the dense index its context already holds
+        (``reform+rag`` with a dense retriever), else one made now with the same passage size."""
+        saved = ctx.extra.get("passages", {}).get("dense")
+        size = getattr(self.method.config, "passage_tokens", 128)
+        index = saved or PassageIndex.build(self.pipe, ctx.ids, size, Dense(self.pipe.engine.device))
+        spans = torch.tensor(index.spans, dtype=torch.long).reshape(-1, 2)
+        texts = [self.pipe.tokenizer.decode(ctx.ids[s:e].tolist(), skip_special_tokens=True) for s, e in index.spans]
+        return Passages(spans, texts, index.index.detach().cpu())
+
+    def remove(self, names: list[str]) -> list[str]:
+        """Remove documents by name (``Catalog.remove``)."""
+        self.read()
+        left = self.catalog.remove(names, self.known)
+        for key in [k for k in self.loaded if not any(d.key == k for d in left.values())]:
+            self.loaded.pop(key)
+        return names
+
+    @staticmethod
+    def known(docs: dict[str, Document]) -> str:
+        names = sorted(docs)
+        return f" (it has {len(names)}: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})" if names else \
+            " (it is empty)"
+
+    # ------------------------------------------------------------------ ask
+    def index(self, docs: dict[str, Document]) -> tuple[list[str], LibraryIndex]:
+        """The first stage's index over every document (built once per catalog state, then kept)."""
+        names = sorted(docs)
+        state = tuple((n, docs[n].key) for n in names)
+        if self._index is None or self._index[0] != state:
+            self._index = (state, LibraryIndex(names, [self.catalog.read_passages(docs[n].key) for n in names],
+                                               self.pipe.engine.device))
+        return names, self._index[1]
+
+    def context(self, key: str) -> Context:
+        if key in self.loaded:
+            self.loaded.move_to_end(key)
+            return self.loaded[key]
+        with self.store.open_local(key) as path:
+            ctx = self.pipe.load_context(path)
+        self.loaded[key] = ctx
+        while len(self.loaded) > self.memory:
+            self.loaded.popitem(last=False)
+        return ctx
+
+    def ask(self, question: str, *, documents: list[str] | None = None, candidates: int = 8, **options) -> Answer:
+        """Answer ``question`` from the library's documents (``documents``: only these names): the
+        ``candidates`` documents whose passages score best go on to the token gather. ``options`` as
+        ``Context.ask``'s. The answer's evidence names each passage's document, page and section; its
+        ``stats["library"]`` has each stage's time."""
+        if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
+            raise ValueError(f"candidates must be a whole number of at least 1, got {candidates!r}")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question is empty")
+        _, docs = self.read()
+        if not docs:
+            raise ValueError(f"the library in {self.store.url} is empty: add documents first")
+        if documents is not None:
+            if unknown := [n for n in documents if n not in docs]:
+                raise ValueError(f"no document named {unknown[0]!r} in the library" + self.known(docs))
+            if not documents:
+                raise ValueError("no documents chosen to ask")
+        t = time.perf_counter()
+        names, index = self.index(docs)
+        scores = index.scores(question)
+        among = [names.index(n) for n in (documents or names)]
+        ranked = index.rank(scores, among)[:candidates]
+        first_stage = time.perf_counter() - t
+        t = time.perf_counter()
+        chosen = [(names[d], self.context(docs[names[d]].key), d) for d, _ in reversed(ranked)]   # best last
+        load = time.perf_counter() - t
+        t = time.perf_counter()
+        templater = self.pipe.templater
+        part = templater.question(question, options.get("answer_prefix", ""), after_context=True,
+                                  layout=options.get("layout", "question"))
+        headers = {name: templater.encode(HEADER.format(name=name)) for name, _, _ in chosen}
+        separator = templater.encode(SEPARATOR)
+        budget = max(1, self.method.config.recompute_budget - len(templater.prefix) -
+                     sum(len(h) + len(separator) for h in headers.values()))
+        prepared = [(name, ctx, {k: index.of(v, d) for k, v in scores.items()}, index.spans[d])
+                    for name, ctx, d in chosen]
+        gathered = gather(self.method, prepared, part, budget, len(templater.prefix))
+        ids = list(templater.prefix)
+        for g in gathered:
+            ids += headers[g.name] + g.ctx.ids[g.kept].tolist() + separator
+        gather_s = time.perf_counter() - t
+        recompute = Context(self.pipe, Full(), torch.tensor(ids, dtype=torch.long, device=self.pipe.engine.device))
+        answer = recompute.ask(question, **options)
+        answer.method = self.method.name
+        answer.evidence = sorted((p for g in gathered if g.ctx.source is not None
+                                  for p in evidence_passages(g.ctx.source, g.kept, g.scores)),
+                                 key=lambda p: -(p.score or 0.0))
+        answer.evidence_note = None if answer.evidence else "the gathered documents keep no map back to their text"
+        answer.stats.pop("encode", None)             # each document's encode was paid once, when it was added
+        answer.stats["gather"] = round(first_stage + load + gather_s, 4)
+        answer.stats["library"] = {"documents": len(among), "candidates": [n for n, _, _ in reversed(chosen)],
+                                   "gathered_from": [g.name for g in gathered], "first_stage_s": round(first_stage, 4),
+                                   "load_s": round(load, 4), "gather_s": round(gather_s, 4)}
+        return answer
+
+
+__all__ = ["Added", "Document", "Library"]

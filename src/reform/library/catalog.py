@@ -1,0 +1,133 @@
+"""What a library holds (docs/library.md): its documents by name, each a context in the store under its
+content key, and each document's passages (their token spans, text and dense embeddings) for the first
+stage of a question. The catalog is one small JSON file in the store, written whole; a document's passages
+are one safetensors file beside its context, so a question reads every document's passages and no
+document's per-token embeddings."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from ..store import ContextFileError, ContextStore
+
+CATALOG = "library.json"
+PASSAGES = ".passages.safetensors"
+VERSION = 1
+
+
+@dataclass
+class Document:
+    """One document of a library: ``name`` (its path below the folder it was added from, or its file
+    name), the store ``key`` of its context, its tokens, extracted kind and pages, passages, when added."""
+
+    name: str
+    key: str
+    tokens: int
+    kind: str
+    pages: int
+    passages: int
+    added: float
+
+
+@dataclass
+class Passages:
+    """A document's passages: ``spans`` [P, 2] of context token indices, their ``texts`` (what BM25 reads)
+    and ``dense`` [P, D] L2-normalised embeddings (all-MiniLM-L6-v2, fp16)."""
+
+    spans: torch.Tensor
+    texts: list[str]
+    dense: torch.Tensor
+
+
+class Catalog:
+    """The documents of the library in ``store`` (its folder ``scope``: a tenant's) and who made them:
+    ``maker`` (the model's identity and the documents method with its options) must match to add or ask."""
+
+    def __init__(self, store: ContextStore, scope: str = ""):
+        self.store, self.scope = store, scope
+        self.path = f"{store.folder(scope)}/{CATALOG}"
+
+    def key(self, key: str) -> str:
+        """A context key inside this catalog's scope."""
+        return f"{self.scope}/{key}" if self.scope else key
+
+    def read(self) -> tuple[dict | None, dict[str, Document]]:
+        """``(maker, documents by name)``; ``(None, {})`` for a store with no library yet."""
+        try:
+            data = json.loads(self.store.read_whole(self.path))
+        except FileNotFoundError:
+            return None, {}
+        except (OSError, ValueError) as e:
+            raise ContextFileError(f"{self.path} is not a readable library catalog: {e}") from None
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise ContextFileError(f"{self.path} is not a library catalog of this reform (version {VERSION})")
+        return data["maker"], {d["name"]: Document(**d) for d in data["documents"]}
+
+    def write(self, maker: dict, documents: dict[str, Document]) -> None:
+        body = {"version": VERSION, "maker": maker, "updated": time.time(),
+                "documents": [asdict(d) for d in sorted(documents.values(), key=lambda d: d.name)]}
+        self.store.write_whole(self.path, json.dumps(body, indent=1).encode())
+
+    def lock(self):
+        """Catalog updates one at a time: a lock file beside it on a local store (an object store's
+        catalog is written whole, the last writer's)."""
+        import contextlib
+
+        from filelock import FileLock
+        return FileLock(self.path + ".lock") if self.store.local else contextlib.nullcontext()
+
+    def remove(self, names: list[str], known: Callable[[dict], str]) -> dict[str, Document]:
+        """Remove documents by name, and their contexts and passages unless another name holds the same
+        content; an unknown name is refused (``ValueError``, ``known`` saying what there is) before
+        anything is removed. Returns the documents left."""
+        with self.lock():
+            maker, docs = self.read()
+            if unknown := [n for n in names if n not in docs]:
+                raise ValueError(f"no document named {unknown[0]!r} in the library" + known(docs))
+            for name in names:
+                self.drop_unused(docs.pop(name).key, docs)
+            self.write(maker, docs)
+        return docs
+
+    def drop_unused(self, key: str, docs: dict[str, Document]) -> None:
+        """Delete ``key``'s context and passages unless one of ``docs`` still holds it."""
+        if not any(d.key == key for d in docs.values()):
+            self.store.delete(key)
+            self.delete_passages(key)
+
+    def passages_path(self, key: str) -> str:
+        return f"{self.store.folder(self.scope)}/{key}{PASSAGES}"
+
+    def write_passages(self, key: str, passages: Passages) -> None:
+        from safetensors.torch import save
+        data = save({"spans": passages.spans.to(torch.int32).contiguous(),
+                     "dense": passages.dense.to(torch.float16).contiguous()},
+                    metadata={"texts": json.dumps(passages.texts)})
+        self.store.write_whole(self.passages_path(key), data)
+
+    def read_passages(self, key: str) -> Passages:
+        from safetensors.torch import load
+        try:
+            data = self.store.read_whole(self.passages_path(key))
+        except FileNotFoundError:
+            raise ContextFileError(f"the passages of library context {key} are missing; add its document "
+                                   "again") from None
+        tensors = load(data)
+        texts = json.loads(_metadata(data)["texts"])
+        return Passages(tensors["spans"].long(), texts, tensors["dense"])
+
+    def delete_passages(self, key: str) -> None:
+        import contextlib
+        with contextlib.suppress(OSError, FileNotFoundError):
+            self.store.fs.rm_file(self.passages_path(key))
+
+
+def _metadata(data: bytes) -> dict:
+    """The ``__metadata__`` of safetensors bytes (its JSON header)."""
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + size]).get("__metadata__") or {}
