@@ -39,6 +39,7 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
         ocr: str = OcrOpt,
         store: Optional[str] = typer.Option(None, "--store", help="ask the library in this store (`reform library "
                                             "add`) instead of FILE"),
+        library: str = typer.Option("default", "--library", help="with --store: which library of the store"),
         documents: Optional[str] = typer.Option(None, "--documents", help="with --store: only these documents "
                                                 "(names, comma-separated)"),
         candidates: int = typer.Option(8, "--candidates", min=1, help="with --store: documents whose passages "
@@ -57,7 +58,7 @@ def ask(files: Optional[list[Path]] = typer.Argument(None, help="the context: a 
         if store is not None:
             from .library import ask_library
             printer = None if as_json else (lambda s: (out.print(s, end="", markup=False), sys.stdout.flush()))
-            pipe, answer = ask_library(store, question, documents, candidates, load, answer_prefix=answer_prefix,
+            pipe, answer = ask_library(store, library, question, documents, candidates, load, answer_prefix=answer_prefix,
                                        max_new_tokens=max_new_tokens, on_text=printer, **sampling)
             if printer is not None:
                 out.print()

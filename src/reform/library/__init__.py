@@ -17,17 +17,17 @@ from typing import Callable
 
 import torch
 
-from ..documents import DocumentError, Limits, find_documents
+from ..documents import DocumentError, Limits, UnsupportedDocument, find_documents
 from ..documents.evidence import passages as evidence_passages
 from ..documents.folder import relative_name
-from ..documents.formats import extract_bytes, read_bytes
+from ..documents.formats import extract_bytes, kind_of, read_bytes
 from ..methods import Answer, Context, Full, Reform
 from ..methods.options import options_json
 from ..methods.rag import PassageIndex
 from ..methods.retrievers import Dense
 from ..store import ContextStore
 from .catalog import Catalog, Document, Passages
-from .gather import gather
+from .gather import Gathered, gather
 from .index import LibraryIndex
 
 HEADER = "Document: {name}\n"
@@ -37,8 +37,9 @@ SEPARATOR = "\n\n"
 
 @dataclass
 class Added:
-    """What adding one file did: ``added``, ``replaced`` (the name held other content), ``unchanged`` or
-    ``failed`` (with ``error``)."""
+    """What adding one file did: ``added``, ``replaced`` (the name held other content), ``unchanged``,
+    ``skipped`` (a folder's image, blank file or file of no format reform reads) or ``failed`` (with
+    ``error``)."""
 
     name: str
     status: str
@@ -48,14 +49,14 @@ class Added:
 
 
 class Library:
-    """The library in ``store`` (a folder, an fsspec URL or a ``ContextStore``; ``scope``: a folder in it)
-    for ``pipe``: its documents are encoded with ``pipe.documents_method``, which must gather with REFORM's
-    embeddings (``reform`` or ``reform+rag``); ``memory`` contexts stay loaded between questions."""
+    """The library ``name`` in ``store`` (a folder, an fsspec URL or a ``ContextStore``; ``scope``: a folder
+    in it) for ``pipe``: its documents are encoded with ``pipe.documents_method``, which must gather with
+    REFORM's embeddings (``reform`` or ``reform+rag``); ``memory`` contexts stay loaded between questions."""
 
-    def __init__(self, pipe, store, scope: str = "", memory: int = 8):
+    def __init__(self, pipe, store, scope: str = "", memory: int = 8, name: str = "default"):
         self.pipe = pipe
         self.store = store if isinstance(store, ContextStore) else ContextStore(store)
-        self.catalog = Catalog(self.store, scope)
+        self.catalog = Catalog(self.store, scope, name)
         self.method = pipe.documents_method
         if not isinstance(self.method, Reform):
             raise ValueError(f"a library gathers with REFORM's token embeddings; method '{self.method.name}' keeps "
@@ -85,43 +86,53 @@ class Library:
     def add(self, source, *, limits: Limits = Limits(),
             progress: Callable[[str, int, int], None] | None = None) -> list[Added]:
         """Add a file, a folder (one document per file, named by its path below the folder) or a list of
-        them; each is encoded alone, and a file that fails is reported while the others are added.
-        ``progress(name, tokens done, tokens)`` follows each encode."""
+        them; each is encoded alone. A file that fails is reported while the others are added; a folder's
+        images (unless ``limits.ocr`` is ``always``), blank files and files of no format reform reads are
+        skipped, as a folder given to ``reform ask`` skips them. ``progress(name, tokens done, tokens)``
+        follows each encode."""
         self.read()
         results = []
-        for location, name in self.locations(source):
+        for location, name, in_folder in self.locations(source):
             started = time.perf_counter()
             try:
-                results.append(self.add_one(location, name, limits, progress))
+                results.append(self.add_one(location, name, limits, progress, in_folder))
             except (DocumentError, ValueError, OSError) as e:
-                results.append(Added(name, "failed", error=str(e).splitlines()[0] if str(e) else type(e).__name__))
+                skip = in_folder and (isinstance(e, UnsupportedDocument) or "is empty" in str(e) or
+                                      "has no text" in str(e))
+                results.append(Added(name, "skipped" if skip else "failed",
+                                     error=str(e).splitlines()[0] if str(e) else type(e).__name__))
             results[-1].seconds = round(time.perf_counter() - started, 3)
         return results
 
     @staticmethod
-    def locations(source) -> list[tuple[str, str]]:
-        """``(location, name)`` of every file ``source`` names (one, a folder or glob, or a list)."""
+    def locations(source) -> list[tuple[str, str, bool]]:
+        """``(location, name, in a folder)`` of every file ``source`` names (one, a folder or glob, or a
+        list of them)."""
         if isinstance(source, (list, tuple)):
-            return [pair for one in source for pair in Library.locations(one)]
+            return [found for one in source for found in Library.locations(one)]
         source = str(source)
         found = find_documents(source)
-        if len(found) == 1 and found[0].rstrip("/").endswith(source.rstrip("/").rsplit("/", 1)[-1]) and \
-                not Path(source).is_dir():
-            return [(found[0], found[0].rsplit("/", 1)[-1])]
+        if "://" not in source and Path(source).is_file():
+            return [(found[0], Path(source).name, False)]
         base = source if "://" in source else str(Path(source).expanduser().absolute())
-        return [(location, relative_name(location, base)) for location in found]
+        return [(location, relative_name(location, base), True) for location in found]
 
     def add_one(self, location: str, name: str, limits: Limits,
-                progress: Callable[[str, int, int], None] | None = None) -> Added:
-        document = extract_bytes(read_bytes(location), name, limits)
+                progress: Callable[[str, int, int], None] | None = None, in_folder: bool = False) -> Added:
+        data = read_bytes(location)
+        if in_folder and limits.ocr != "always" and data.strip() and kind_of(name, data) == "image":
+            raise UnsupportedDocument(f"{name} is an image: a folder's images are read by OCR with --ocr always")
+        document = extract_bytes(data, name, limits)
         ids, rows, source = self.pipe.tokenize(document)
         key = self.catalog.key(self.pipe.context_key(ids, document=document))
         old = self.read()[1].get(name)
         if old is not None and old.key == key and self.store.has(key):
             return Added(name, "unchanged", int(ids.shape[0]))
-        if self.store.has(key):
+        if self.store.has(key) and self.catalog.has_passages(key):
+            passages = self.catalog.read_passages(key)      # another library of the scope holds it
+        elif self.store.has(key):
             with self.store.open_local(key) as path:
-                ctx = self.pipe.load_context(path)
+                passages = self.passages_of(self.pipe.load_context(path))
         else:
             total, done = int(ids.shape[0]), [0]
 
@@ -131,7 +142,7 @@ class Library:
                     progress(name, done[0], total)
             ctx = self.pipe.encode_tokens(ids, rows, step, source=source)
             self.store.put(key, ctx)
-        passages = self.passages_of(ctx)
+            passages = self.passages_of(ctx)
         self.catalog.write_passages(key, passages)
         with self.catalog.lock():
             maker, docs = self.read()
@@ -192,6 +203,13 @@ class Library:
         ``candidates`` documents whose passages score best go on to the token gather. ``options`` as
         ``Context.ask``'s. The answer's evidence names each passage's document, page and section; its
         ``stats["library"]`` has each stage's time."""
+        collected = self.collect(question, documents=documents, candidates=candidates,
+                                 answer_prefix=options.get("answer_prefix", ""), layout=options.get("layout", "question"))
+        return self.answer(question, collected, **options)
+
+    def collect(self, question: str, *, documents: list[str] | None = None, candidates: int = 8,
+                answer_prefix: str = "", layout: str = "question") -> "Collected":
+        """The first stage and the token gather of ``ask``, and the ids the answer is recomputed from."""
         if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
             raise ValueError(f"candidates must be a whole number of at least 1, got {candidates!r}")
         if not isinstance(question, str) or not question.strip():
@@ -204,6 +222,8 @@ class Library:
                 raise ValueError(f"no document named {unknown[0]!r} in the library" + self.known(docs))
             if not documents:
                 raise ValueError("no documents chosen to ask")
+        templater = self.pipe.templater
+        part = templater.question(question, answer_prefix, after_context=True, layout=layout)
         t = time.perf_counter()
         names, index = self.index(docs)
         scores = index.scores(question)
@@ -214,9 +234,6 @@ class Library:
         chosen = [(names[d], self.context(docs[names[d]].key), d) for d, _ in reversed(ranked)]   # best last
         load = time.perf_counter() - t
         t = time.perf_counter()
-        templater = self.pipe.templater
-        part = templater.question(question, options.get("answer_prefix", ""), after_context=True,
-                                  layout=options.get("layout", "question"))
         headers = {name: templater.encode(HEADER.format(name=name)) for name, _, _ in chosen}
         separator = templater.encode(SEPARATOR)
         budget = max(1, self.method.config.recompute_budget - len(templater.prefix) -
@@ -228,19 +245,36 @@ class Library:
         for g in gathered:
             ids += headers[g.name] + g.ctx.ids[g.kept].tolist() + separator
         gather_s = time.perf_counter() - t
-        recompute = Context(self.pipe, Full(), torch.tensor(ids, dtype=torch.long, device=self.pipe.engine.device))
+        stats = {"documents": len(among), "candidates": [n for n, _, _ in reversed(chosen)],
+                 "gathered_from": [g.name for g in gathered], "first_stage_s": round(first_stage, 4),
+                 "load_s": round(load, 4), "gather_s": round(gather_s, 4)}
+        return Collected(gathered, ids, stats)
+
+    def answer(self, question: str, collected: "Collected", **options) -> Answer:
+        """The recompute (§3.3) over what ``collect`` gathered, then the answer, with its evidence."""
+        recompute = Context(self.pipe, Full(), torch.tensor(collected.ids, dtype=torch.long,
+                                                            device=self.pipe.engine.device))
         answer = recompute.ask(question, **options)
         answer.method = self.method.name
-        answer.evidence = sorted((p for g in gathered if g.ctx.source is not None
+        answer.evidence = sorted((p for g in collected.gathered if g.ctx.source is not None
                                   for p in evidence_passages(g.ctx.source, g.kept, g.scores)),
                                  key=lambda p: -(p.score or 0.0))
         answer.evidence_note = None if answer.evidence else "the gathered documents keep no map back to their text"
         answer.stats.pop("encode", None)             # each document's encode was paid once, when it was added
-        answer.stats["gather"] = round(first_stage + load + gather_s, 4)
-        answer.stats["library"] = {"documents": len(among), "candidates": [n for n, _, _ in reversed(chosen)],
-                                   "gathered_from": [g.name for g in gathered], "first_stage_s": round(first_stage, 4),
-                                   "load_s": round(load, 4), "gather_s": round(gather_s, 4)}
+        stages = collected.stats
+        answer.stats["gather"] = round(stages["first_stage_s"] + stages["load_s"] + stages["gather_s"], 4)
+        answer.stats["library"] = stages
         return answer
 
 
-__all__ = ["Added", "Document", "Library"]
+@dataclass
+class Collected:
+    """A question's gather over a library: each gathered document's share (best last), the ids recomputed
+    for the answer, and the stages' names and times (``stats["library"]`` of the answer)."""
+
+    gathered: list[Gathered]
+    ids: list[int]
+    stats: dict
+
+
+__all__ = ["Added", "Collected", "Document", "Library"]

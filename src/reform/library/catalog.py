@@ -7,7 +7,9 @@ document's per-token embeddings."""
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -15,7 +17,8 @@ import torch
 
 from ..store import ContextFileError, ContextStore
 
-CATALOG = "library.json"
+LIBRARIES = "libraries"          # the catalogs' folder in a scope: NAME.json each
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PASSAGES = ".passages.safetensors"
 VERSION = 1
 
@@ -37,7 +40,7 @@ class Document:
 @dataclass
 class Passages:
     """A document's passages: ``spans`` [P, 2] of context token indices, their ``texts`` (what BM25 reads)
-    and ``dense`` [P, D] L2-normalised embeddings (all-MiniLM-L6-v2, fp16)."""
+    and ``dense`` [P, D] L2-normalised embeddings (all-MiniLM-L6-v2)."""
 
     spans: torch.Tensor
     texts: list[str]
@@ -45,19 +48,33 @@ class Passages:
 
 
 class Catalog:
-    """The documents of the library in ``store`` (its folder ``scope``: a tenant's) and who made them:
-    ``maker`` (the model's identity and the documents method with its options) must match to add or ask."""
+    """The documents of the library ``name`` in ``store`` (its folder ``scope``: a tenant's) and who made them:
+    ``maker`` (the model's identity and the documents method with its options) must match to add or ask.
+    Several libraries of a scope share its contexts: the same content is encoded once, whichever library
+    adds it, and removed only once no library holds it."""
 
-    def __init__(self, store: ContextStore, scope: str = ""):
-        self.store, self.scope = store, scope
-        self.path = f"{store.folder(scope)}/{CATALOG}"
+    def __init__(self, store: ContextStore, scope: str = "", name: str = "default"):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ValueError(f"a library's name is 1 to 64 letters, digits, '.', '_' or '-' (starting with a "
+                             f"letter or digit), not {name!r}")
+        self.store, self.scope, self.name = store, scope, name
+        self.folder = f"{store.folder(scope)}/{LIBRARIES}"
+        self.path = f"{self.folder}/{name}.json"
+
+    def names(self) -> list[str]:
+        """Every library of this scope."""
+        try:
+            found = self.store.fs.ls(self.folder, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(Path(str(f)).name[:-5] for f in found if str(f).endswith(".json"))
 
     def key(self, key: str) -> str:
         """A context key inside this catalog's scope."""
         return f"{self.scope}/{key}" if self.scope else key
 
     def read(self) -> tuple[dict | None, dict[str, Document]]:
-        """``(maker, documents by name)``; ``(None, {})`` for a store with no library yet."""
+        """``(maker, documents by name)``; ``(None, {})`` for a library not made yet."""
         try:
             data = json.loads(self.store.read_whole(self.path))
         except FileNotFoundError:
@@ -71,6 +88,7 @@ class Catalog:
     def write(self, maker: dict, documents: dict[str, Document]) -> None:
         body = {"version": VERSION, "maker": maker, "updated": time.time(),
                 "documents": [asdict(d) for d in sorted(documents.values(), key=lambda d: d.name)]}
+        self.store.fs.makedirs(self.folder, exist_ok=True)
         self.store.write_whole(self.path, json.dumps(body, indent=1).encode())
 
     def lock(self):
@@ -79,7 +97,10 @@ class Catalog:
         import contextlib
 
         from filelock import FileLock
-        return FileLock(self.path + ".lock") if self.store.local else contextlib.nullcontext()
+        if not self.store.local:
+            return contextlib.nullcontext()
+        self.store.fs.makedirs(self.folder, exist_ok=True)
+        return FileLock(self.path + ".lock")
 
     def remove(self, names: list[str], known: Callable[[dict], str]) -> dict[str, Document]:
         """Remove documents by name, and their contexts and passages unless another name holds the same
@@ -95,8 +116,9 @@ class Catalog:
         return docs
 
     def drop_unused(self, key: str, docs: dict[str, Document]) -> None:
-        """Delete ``key``'s context and passages unless one of ``docs`` still holds it."""
-        if not any(d.key == key for d in docs.values()):
+        """Delete ``key``'s context and passages unless one of ``docs`` or another library still holds it."""
+        others = (Catalog(self.store, self.scope, n).read()[1] for n in self.names() if n != self.name)
+        if not any(d.key == key for held in (docs, *others) for d in held.values()):
             self.store.delete(key)
             self.delete_passages(key)
 
@@ -106,9 +128,12 @@ class Catalog:
     def write_passages(self, key: str, passages: Passages) -> None:
         from safetensors.torch import save
         data = save({"spans": passages.spans.to(torch.int32).contiguous(),
-                     "dense": passages.dense.to(torch.float16).contiguous()},
+                     "dense": passages.dense.to(torch.float32).contiguous()},
                     metadata={"texts": json.dumps(passages.texts)})
         self.store.write_whole(self.passages_path(key), data)
+
+    def has_passages(self, key: str) -> bool:
+        return self.store.fs.isfile(self.passages_path(key))
 
     def read_passages(self, key: str) -> Passages:
         from safetensors.torch import load

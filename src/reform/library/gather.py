@@ -34,12 +34,11 @@ class Gathered:
 
 
 def passage_token_scores(scores: torch.Tensor, spans: torch.Tensor, n: int) -> torch.Tensor:
-    """Each context token gets its passage's score; the template's tokens before the first passage get the
-    mean (as ``methods.rag.PassageIndex.token_scores``)."""
-    out = torch.full((n,), float(scores.mean()) if scores.numel() else 0.0)
-    for (start, end), score in zip(spans.tolist(), scores.tolist()):
-        out[start:min(end, n)] = score
-    return out
+    """Each context token gets its passage's score, and the template's tokens before the first passage the
+    mean over the passages' tokens, as ``methods.rag.PassageIndex.token_scores`` gives them."""
+    per_token = scores.repeat_interleave(spans[:, 1] - spans[:, 0])
+    prefix = int(spans[0, 0]) if spans.numel() else n
+    return torch.cat([per_token.mean().expand(prefix), per_token])[:n]
 
 
 def token_scores(method: Reform, ctx: Context, part: QuestionPart, passages: dict[str, torch.Tensor],
