@@ -22,6 +22,7 @@ from ..documents.evidence import passages as evidence_passages
 from ..documents.folder import relative_name
 from ..documents.formats import extract_bytes, kind_of, read_bytes
 from ..methods import Answer, Context, Full, Reform
+from ..methods.answering import Answering
 from ..methods.options import options_json
 from ..methods.rag import PassageIndex
 from ..methods.retrievers import Dense
@@ -53,10 +54,11 @@ class Library:
     in it) for ``pipe``: its documents are encoded with ``pipe.documents_method``, which must gather with
     REFORM's embeddings (``reform`` or ``reform+rag``); ``memory`` contexts stay loaded between questions."""
 
-    def __init__(self, pipe, store, scope: str = "", memory: int = 8, name: str = "default"):
+    def __init__(self, pipe, store, scope: str = "", memory: int = 8, name: str = "default",
+                 keyer: Callable[[str], str] | None = None):
         self.pipe = pipe
         self.store = store if isinstance(store, ContextStore) else ContextStore(store)
-        self.catalog = Catalog(self.store, scope, name)
+        self.catalog = Catalog(self.store, scope, name, keyer)
         self.method = pipe.documents_method
         if not isinstance(self.method, Reform):
             raise ValueError(f"a library gathers with REFORM's token embeddings; method '{self.method.name}' keeps "
@@ -126,14 +128,10 @@ class Library:
         ids, rows, source = self.pipe.tokenize(document)
         key = self.catalog.key(self.pipe.context_key(ids, document=document))
         old = self.read()[1].get(name)
-        if old is not None and old.key == key and self.store.has(key):
+        if old is not None and old.key == key and old.ready and self.store.has(key):
             return Added(name, "unchanged", int(ids.shape[0]))
-        if self.store.has(key) and self.catalog.has_passages(key):
-            passages = self.catalog.read_passages(key)      # another library of the scope holds it
-        elif self.store.has(key):
-            with self.store.open_local(key) as path:
-                passages = self.passages_of(self.pipe.load_context(path))
-        else:
+        ctx = None
+        if not self.store.has(key):
             total, done = int(ids.shape[0]), [0]
 
             def step(n: int) -> None:
@@ -142,16 +140,32 @@ class Library:
                     progress(name, done[0], total)
             ctx = self.pipe.encode_tokens(ids, rows, step, source=source)
             self.store.put(key, ctx)
+        self.register(name, document, key, int(ids.shape[0]), ctx)
+        return Added(name, "added" if old is None else "replaced", int(ids.shape[0]))
+
+    def register(self, name: str, document, key: str, tokens: int, ctx: Context | None = None,
+                 title: str | None = None) -> Document:
+        """Enter the stored context ``key`` of ``document`` (an ``Extracted``) as ``name``: its passages for
+        the first stage (from ``ctx``, the passages another library of the scope wrote, or the stored
+        context), then the catalog; the context a replaced entry held is deleted unless still held."""
+        if ctx is None and self.catalog.has_passages(key):
+            passages = self.catalog.read_passages(key)
+        else:
+            if ctx is None:
+                with self.store.open_local(key) as path:
+                    ctx = self.pipe.load_context(path)
             passages = self.passages_of(ctx)
         self.catalog.write_passages(key, passages)
+        entry = Document(name, key, tokens, document.kind, document.pages, len(passages.texts), time.time(),
+                         title=title)
         with self.catalog.lock():
             maker, docs = self.read()
-            docs[name] = Document(name, key, int(ids.shape[0]), document.kind, document.pages, len(passages.texts),
-                                  time.time())
+            old = docs.get(name)
+            docs[name] = entry
             self.catalog.write(self.maker, docs)
             if old is not None and old.key != key:
                 self.catalog.drop_unused(old.key, docs)
-        return Added(name, "added" if old is None else "replaced", int(ids.shape[0]))
+        return entry
 
     def passages_of(self, ctx: Context) -> Passages:
         """The document's passages for the first stage: the dense index its context already holds
@@ -208,26 +222,30 @@ class Library:
         return self.answer(question, collected, **options)
 
     def collect(self, question: str, *, documents: list[str] | None = None, candidates: int = 8,
-                answer_prefix: str = "", layout: str = "question") -> "Collected":
-        """The first stage and the token gather of ``ask``, and the ids the answer is recomputed from."""
+                answer_prefix: str = "", layout: str = "question", shelf: dict[str, Document] | None = None
+                ) -> "Collected":
+        """The first stage and the token gather of ``ask``, and the ids the answer is recomputed from.
+        ``shelf``: the documents to ask instead of this library's (several libraries' together)."""
         if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
             raise ValueError(f"candidates must be a whole number of at least 1, got {candidates!r}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
-        _, docs = self.read()
-        if not docs:
-            raise ValueError(f"the library in {self.store.url} is empty: add documents first")
+        docs = shelf if shelf is not None else self.read()[1]
         if documents is not None:
             if unknown := [n for n in documents if n not in docs]:
                 raise ValueError(f"no document named {unknown[0]!r} in the library" + self.known(docs))
             if not documents:
                 raise ValueError("no documents chosen to ask")
+        docs = {n: d for n, d in docs.items() if d.ready and (documents is None or n in documents)}
+        if not docs:
+            raise ValueError(f"the library in {self.store.url} is empty: add documents first" if shelf is None
+                             else "no document of these libraries is ready to ask yet")
         templater = self.pipe.templater
         part = templater.question(question, answer_prefix, after_context=True, layout=layout)
         t = time.perf_counter()
         names, index = self.index(docs)
         scores = index.scores(question)
-        among = [names.index(n) for n in (documents or names)]
+        among = list(range(len(names)))
         ranked = index.rank(scores, among)[:candidates]
         first_stage = time.perf_counter() - t
         t = time.perf_counter()
@@ -252,9 +270,17 @@ class Library:
 
     def answer(self, question: str, collected: "Collected", **options) -> Answer:
         """The recompute (§3.3) over what ``collect`` gathered, then the answer, with its evidence."""
+        return self.finish(self.start(question, collected, **options).run(), collected)
+
+    def start(self, question: str, collected: "Collected", **options) -> Answering:
+        """``answer``'s recompute, prefilled: its tokens come one at a time (``Context.start``), alone or in a
+        server's batch; hand the finished answer to ``finish``."""
         recompute = Context(self.pipe, Full(), torch.tensor(collected.ids, dtype=torch.long,
                                                             device=self.pipe.engine.device))
-        answer = recompute.ask(question, **options)
+        return recompute.start(question, **options)
+
+    def finish(self, answer: Answer, collected: "Collected") -> Answer:
+        """The answer's evidence (each gathered document's passages, best first) and the stages' times."""
         answer.method = self.method.name
         answer.evidence = sorted((p for g in collected.gathered if g.ctx.source is not None
                                   for p in evidence_passages(g.ctx.source, g.kept, g.scores)),

@@ -35,6 +35,13 @@ class Document:
     pages: int
     passages: int
     added: float
+    status: str = "completed"       # in_progress while a server encodes it, failed (with ``error``), completed
+    error: str | None = None
+    title: str | None = None        # what a person calls it where ``name`` is an id (the server's file name)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "completed"
 
 
 @dataclass
@@ -53,11 +60,16 @@ class Catalog:
     Several libraries of a scope share its contexts: the same content is encoded once, whichever library
     adds it, and removed only once no library holds it."""
 
-    def __init__(self, store: ContextStore, scope: str = "", name: str = "default"):
+    def __init__(self, store: ContextStore, scope: str = "", name: str = "default",
+                 keyer: Callable[[str], str] | None = None):
+        """``keyer``: the store key of a content key (default: the content key in ``scope``'s folder; the
+        server's tenants mix in their name)."""
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ValueError(f"a library's name is 1 to 64 letters, digits, '.', '_' or '-' (starting with a "
                              f"letter or digit), not {name!r}")
         self.store, self.scope, self.name = store, scope, name
+        self.keyer = keyer
+        self.info: dict = {}        # what the catalog says of itself (a vector store's name, metadata, ...)
         self.folder = f"{store.folder(scope)}/{LIBRARIES}"
         self.path = f"{self.folder}/{name}.json"
 
@@ -70,8 +82,13 @@ class Catalog:
         return sorted(Path(str(f)).name[:-5] for f in found if str(f).endswith(".json"))
 
     def key(self, key: str) -> str:
-        """A context key inside this catalog's scope."""
+        """The store key of the context whose content key is ``key``."""
+        if self.keyer is not None:
+            return self.keyer(key)
         return f"{self.scope}/{key}" if self.scope else key
+
+    def exists(self) -> bool:
+        return self.store.fs.isfile(self.path)
 
     def read(self) -> tuple[dict | None, dict[str, Document]]:
         """``(maker, documents by name)``; ``(None, {})`` for a library not made yet."""
@@ -83,10 +100,11 @@ class Catalog:
             raise ContextFileError(f"{self.path} is not a readable library catalog: {e}") from None
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise ContextFileError(f"{self.path} is not a library catalog of this reform (version {VERSION})")
+        self.info = data.get("info") or {}
         return data["maker"], {d["name"]: Document(**d) for d in data["documents"]}
 
-    def write(self, maker: dict, documents: dict[str, Document]) -> None:
-        body = {"version": VERSION, "maker": maker, "updated": time.time(),
+    def write(self, maker: dict | None, documents: dict[str, Document]) -> None:
+        body = {"version": VERSION, "maker": maker, "updated": time.time(), "info": self.info,
                 "documents": [asdict(d) for d in sorted(documents.values(), key=lambda d: d.name)]}
         self.store.fs.makedirs(self.folder, exist_ok=True)
         self.store.write_whole(self.path, json.dumps(body, indent=1).encode())
@@ -117,13 +135,13 @@ class Catalog:
 
     def drop_unused(self, key: str, docs: dict[str, Document]) -> None:
         """Delete ``key``'s context and passages unless one of ``docs`` or another library still holds it."""
-        others = (Catalog(self.store, self.scope, n).read()[1] for n in self.names() if n != self.name)
+        others = (Catalog(self.store, self.scope, n, self.keyer).read()[1] for n in self.names() if n != self.name)
         if not any(d.key == key for held in (docs, *others) for d in held.values()):
             self.store.delete(key)
             self.delete_passages(key)
 
     def passages_path(self, key: str) -> str:
-        return f"{self.store.folder(self.scope)}/{key}{PASSAGES}"
+        return f"{self.store.root}/{key}{PASSAGES}"      # keys hold their scope
 
     def write_passages(self, key: str, passages: Passages) -> None:
         from safetensors.torch import save
