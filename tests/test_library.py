@@ -38,6 +38,7 @@ def folder(tmp_path):
                                          f"Keeper{i}.\n\n{filler(10 + i)}\n")
     (docs / "sub" / "notes.txt").write_text(f"{filler(7)} The boat was called Marit. {filler(8)}")
     (docs / "blank.txt").write_text("   \n")
+    (docs / "short.md").write_text("The harbour master was Ola.")     # shorter than the recompute budget
     return docs
 
 
@@ -45,8 +46,8 @@ def test_a_folder_is_one_document_per_file_each_encoded_once(pipe, folder, tmp_p
     library = Library(pipe, tmp_path / "store")
     added = {a.name: a.status for a in library.add(folder)}
     assert added == {"doc1.md": "added", "doc2.md": "added", "doc3.md": "added", "sub/notes.txt": "added",
-                     "blank.txt": "skipped"}
-    assert [d.name for d in library.documents()] == ["doc1.md", "doc2.md", "doc3.md", "sub/notes.txt"]
+                     "short.md": "added", "blank.txt": "skipped"}
+    assert [d.name for d in library.documents()] == ["doc1.md", "doc2.md", "doc3.md", "short.md", "sub/notes.txt"]
     keys = {d.name: d.key for d in library.documents()}
     assert all(library.store.has(k) for k in keys.values())
     encodes = []
@@ -61,7 +62,7 @@ def test_a_folder_is_one_document_per_file_each_encoded_once(pipe, folder, tmp_p
         pipe.documents_method.encode = original
     assert not library.store.has(keys["doc2.md"])                       # the old content's context is gone
     assert library.remove(["doc3.md"]) == ["doc3.md"] and not library.store.has(keys["doc3.md"])
-    with pytest.raises(ValueError, match="no document named 'doc9.md'.*it has 3: doc1.md, doc2.md, sub/notes.txt"):
+    with pytest.raises(ValueError, match="no document named 'doc9.md'.*it has 4: doc1.md, doc2.md, short.md, s"):
         library.remove(["doc9.md"])
 
 
@@ -80,7 +81,9 @@ def test_questions_gather_across_documents_and_evidence_names_each(pipe, folder,
     library.add(folder)
     answer = library.ask("Who was the keeper of lighthouse 2?", max_new_tokens=4)
     stages = answer.stats["library"]
-    assert stages["documents"] == 4 and len(stages["candidates"]) == 4
+    assert stages["documents"] == 5 and len(stages["candidates"]) == 5
+    short = library.context(next(d.key for d in library.documents() if d.name == "short.md"))
+    assert short.state is not None and short.state.data.shape[0] == short.ids.shape[0]   # embedded, however short
     assert set(stages["gathered_from"]) <= set(stages["candidates"])
     assert {p.document for p in answer.evidence} == set(stages["gathered_from"])
     assert all(p.text in library.context(next(d.key for d in library.documents() if d.name == p.document))
@@ -148,9 +151,9 @@ def test_library_commands(tiny_model_dir, folder, tmp_path):
     r = run("library", "add", str(folder), "--store", store, "--json", *flags)
     assert r.exit_code == 0, r.output
     added = json.loads(r.stdout)
-    assert (added["added"], added["skipped"], added["documents"]) == (4, 1, 4)
+    assert (added["added"], added["skipped"], added["documents"]) == (5, 1, 5)
     listed = json.loads(run("library", "list", "--store", store, "--json").stdout)
-    assert [d["name"] for d in listed["documents"]] == ["doc1.md", "doc2.md", "doc3.md", "sub/notes.txt"]
+    assert [d["name"] for d in listed["documents"]] == ["doc1.md", "doc2.md", "doc3.md", "short.md", "sub/notes.txt"]
     r = run("ask", "--store", store, "-q", "Who kept lighthouse 3?", "--json", "--max-new-tokens", "3",
             "--documents", "doc3.md,doc1.md", *flags)
     assert r.exit_code == 0, r.output

@@ -138,8 +138,7 @@ class Library:
                 done[0] += n
                 if progress is not None:
                     progress(name, done[0], total)
-            ctx = self.pipe.encode_tokens(ids, rows, step, source=source)
-            self.store.put(key, ctx)
+            ctx = self.embedded(key, ids, source, step)
         self.register(name, document, key, int(ids.shape[0]), ctx)
         return Added(name, "added" if old is None else "replaced", int(ids.shape[0]))
 
@@ -154,6 +153,8 @@ class Library:
             if ctx is None:
                 with self.store.open_local(key) as path:
                     ctx = self.pipe.load_context(path)
+            if ctx.state is None:       # stored by a chat, short enough to go without embeddings
+                ctx = self.embedded(key, ctx.ids, ctx.source)
             passages = self.passages_of(ctx)
         self.catalog.write_passages(key, passages)
         entry = Document(name, key, tokens, document.kind, document.pages, len(passages.texts), time.time(),
@@ -166,6 +167,13 @@ class Library:
             if old is not None and old.key != key:
                 self.catalog.drop_unused(old.key, docs)
         return entry
+
+    def embedded(self, key: str, ids: torch.Tensor, source, progress: Callable[[int], None] | None = None) -> Context:
+        """Encode ``ids`` with every token embedded, even for a document the recompute budget covers (its
+        tokens are scored against other documents'), and store it under ``key``."""
+        ctx = self.pipe.encode_tokens(ids, None, progress, source=source, embed_short=True)
+        self.store.put(key, ctx)
+        return ctx
 
     def passages_of(self, ctx: Context) -> Passages:
         """The document's passages for the first stage: the dense index its context already holds

@@ -45,6 +45,8 @@ def token_scores(method: Reform, ctx: Context, part: QuestionPart, passages: dic
                  spans: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One document's raw REFORM ranking (pooled cosine, comparable across documents) and its tokens'
     passage scores by each retriever the method mixes in (none for REFORM alone)."""
+    if ctx.state is None:
+        raise ValueError("a library document's context keeps no token embeddings; add the document again")
     query = method.query_embeddings(ctx, part)
     reform = Reform.ranking(method, ctx, part, query)
     if not isinstance(method, ReformRag):

@@ -258,11 +258,12 @@ class Reform(Method):
         return super().create(shape, model_name, defaults, heads=heads, **options)
 
     def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None,
-               checkpoint: Checkpoint | None = None) -> Context:
+               checkpoint: Checkpoint | None = None, embed_short: bool = False) -> Context:
         """``checkpoint``: save the chunk loop's state there now and then, and go on from it if it holds
-        some (``methods/checkpoint.py``; one segment only)."""
+        some (``methods/checkpoint.py``; one segment only). ``embed_short``: compress and embed a context
+        that the recompute budget covers too (a library compares every document's token scores)."""
         c = self.config
-        if ids.shape[0] <= c.recompute_budget:   # everything will be recomputed: nothing to compress
+        if ids.shape[0] <= c.recompute_budget and not embed_short:   # all will be recomputed: nothing to compress
             return Context(pipe, self, ids)
         pieces = segment_pieces(ids, c.segments, c.chunk_size)
         if checkpoint is not None and len(pieces) > 1:

@@ -75,8 +75,8 @@ class ReformRag(Reform):
     Config = ReformRagConfig
 
     def encode(self, pipe: Runtime, ids: torch.Tensor, progress: Callable[[int], None] | None = None,
-               checkpoint: Checkpoint | None = None) -> Context:
-        ctx = super().encode(pipe, ids, progress, checkpoint)
+               checkpoint: Checkpoint | None = None, embed_short: bool = False) -> Context:
+        ctx = super().encode(pipe, ids, progress, checkpoint, embed_short)
         if ctx.state is not None:
             ctx.extra["passages"] = self.indexes(pipe, ids)
         return ctx

@@ -132,9 +132,12 @@ class Pipeline:
 
     def encode_tokens(self, ids: torch.Tensor, image_rows: torch.Tensor | None = None,
                       progress: Callable[[int], None] | None = None,
-                      checkpoint: str | Path | Checkpoint | None = None, source: Source | None = None) -> Context:
-        """Encode what ``tokenize`` returned (callers that show progress over the tokens first)."""
-        rows, resuming = image_rows, {}
+                      checkpoint: str | Path | Checkpoint | None = None, source: Source | None = None,
+                      embed_short: bool = False) -> Context:
+        """Encode what ``tokenize`` returned (callers that show progress over the tokens first).
+        ``embed_short``: REFORM's methods embed a context shorter than the recompute budget too (a library's
+        documents)."""
+        rows, resuming = image_rows, {"embed_short": True} if embed_short else {}
         method = self.method_for(source.document if source is not None else None)
         if checkpoint is not None:
             if not method.resumable:
