@@ -168,6 +168,18 @@ class Library:
                 self.catalog.drop_unused(old.key, docs)
         return entry
 
+    def note(self, name: str, key: str, tokens: int, document=None, *, status: str, error: str | None = None,
+             title: str | None = None) -> Document:
+        """Enter ``name`` with a ``status`` other than completed: ``in_progress`` while a server encodes it,
+        ``failed`` with its ``error`` (``document``: the ``Extracted`` one, when extraction got that far)."""
+        entry = Document(name, key, tokens, document.kind if document else "", document.pages if document else 0,
+                         0, time.time(), status=status, error=error, title=title)
+        with self.catalog.lock():
+            maker, docs = self.read()
+            docs[name] = entry
+            self.catalog.write(maker or self.maker, docs)
+        return entry
+
     def embedded(self, key: str, ids: torch.Tensor, source, progress: Callable[[int], None] | None = None) -> Context:
         """Encode ``ids`` with every token embedded, even for a document the recompute budget covers (its
         tokens are scored against other documents'), and store it under ``key``."""

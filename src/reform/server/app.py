@@ -41,13 +41,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.sampling import Sampling
 from .admission import Waiting, still_wanted
-from .edge import BodyLimit, Guard, body_bytes
+from .edge import BodyLimit, Guard, body_bytes, json_body, service_of, tenant_of
 from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
+from .libraries import LibraryQuestion
 from .service import ChatJob, Keys, Service, Settings
 from .tenants import Tenant, public_id
 from .scheduler import Cancelled
 from .worker import Worker
+from . import responses, vector_stores
 
 __all__ = ["Keys", "Service", "Settings", "create_app"]
 
@@ -101,16 +103,6 @@ def plain_text(text: str) -> Extracted:
     if not text.strip():
         raise ApiError(400, "the context is empty", param="text")
     return Extracted.plain(text)
-
-
-async def chat_request(request: Request, limit: int) -> ChatRequest:
-    try:
-        return ChatRequest.model_validate_json(await body_bytes(request, limit))
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        at = f"{where}: " if where else ""           # a body that is no JSON object has no field to name
-        raise ApiError(400, f"invalid request: {at}{first.get('msg')}", param=where or None) from None
 
 
 # ---------------------------------------------------------------------- chat
@@ -183,15 +175,6 @@ KEEP_ALIVE_S = 5.0        # a streamed chat waiting for its encode sends a comme
 FIRST_EVENT_S = 1.0       # ... after waiting this long for a first event (errors before it get a real status)
 
 
-def service_of(request: Request) -> Service:
-    return request.app.state.service
-
-
-def tenant_of(request: Request) -> Tenant:
-    """The tenant whose key the request carries (``edge.Guard`` found it)."""
-    return request.state.tenant
-
-
 router = APIRouter()
 
 
@@ -200,7 +183,7 @@ async def chat(request: Request):
     service, tenant = service_of(request), tenant_of(request)
     settings = service.settings
     deadline = asyncio.get_running_loop().time() + settings.request_timeout   # reading the request counts
-    req = await chat_request(request, settings.max_body_bytes)
+    req = await json_body(request, ChatRequest)
     req.refuse_unsupported()
     service.check_model(req.model)
     try:
@@ -208,7 +191,14 @@ async def chat(request: Request):
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     conv = Conversation.of(req.messages)
-    if conv.parts is not None:      # images: the conversation is encoded as it is, in the job (not stored)
+    shelf = None
+    if req.vector_store_ids is not None:      # questions over vector stores: their files are the context
+        if conv.parts is not None or conv.files or req.context_id is not None:
+            raise ApiError(400, "vector_store_ids cannot be sent with files, images or a context_id",
+                           param="vector_store_ids")
+        shelf = await run_in_threadpool(service.vector_stores.shelf, tenant, req.vector_store_ids)
+        key, text, question = None, None, await service.fit_history(conv.earlier, conv.question)
+    elif conv.parts is not None:      # images: the conversation is encoded as it is, in the job (not stored)
         await service.check_images(conv.parts, req.context_id)
         key, text, question = None, None, conv.question
     elif conv.files:                # documents: they and the earlier messages are the context, stored by content
@@ -223,7 +213,9 @@ async def chat(request: Request):
     charged = text is not None and service.will_encode(key)     # (a new document: its encode is charged)
     if charged:
         await service.admit_encode(tenant, tokens)
-    chat_job = ChatJob(service, req, conv, key, text, question, tokens, tenant)
+    chat_job = ChatJob(service, req, conv, key, text, question, tokens, tenant) if shelf is None else \
+        LibraryQuestion(service, service.vector_stores.asker(tenant), shelf, question, stream=req.stream,
+                        max_new_tokens=req.max_new_tokens(), sampling=req.sampling(), tenant=tenant)
     completion = Completion(service.model_id, key and public_id(key), service.metrics.streams)
     try:    # errors before the first token (unknown context, question too long) get a real status
         job = await service.enqueue(chat_job.put, lambda: still_wanted(request, deadline, settings.request_timeout),
@@ -423,5 +415,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
                            expose_headers=["X-Request-Id", "X-Reform-Worker", "Retry-After"])
     app.include_router(router)
+    app.include_router(vector_stores.router)
+    app.include_router(responses.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

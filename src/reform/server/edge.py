@@ -20,6 +20,28 @@ from .openai_schema import ApiError
 from .service import Service
 
 
+def service_of(request: Request):
+    """The ``Service`` the app serves."""
+    return request.app.state.service
+
+
+def tenant_of(request: Request):
+    """The tenant whose key the request carries (``Guard`` found it)."""
+    return request.state.tenant
+
+
+async def json_body(request: Request, model):
+    """The request's JSON body as the pydantic ``model``; 400 naming the first bad field."""
+    from pydantic import ValidationError
+    try:
+        return model.model_validate_json(await body_bytes(request, service_of(request).settings.max_body_bytes))
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ApiError(400, f"invalid request: {f'{where}: ' if where else ''}{first.get('msg')}",
+                       param=where or None) from None
+
+
 async def body_bytes(request: Request, limit: int) -> bytes:
     """The whole body, refused with 413 as soon as it passes ``limit`` bytes."""
     pieces, size = [], 0

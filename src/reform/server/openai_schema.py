@@ -141,7 +141,8 @@ class StreamOptions(BaseModel):
 
 class ChatRequest(BaseModel):
     """``POST /v1/chat/completions``. ``context_id`` (the OpenAI client's ``extra_body``) names a context
-    uploaded to ``/v1/contexts``; then every message but the last may be left out."""
+    uploaded to ``/v1/contexts``; then every message but the last may be left out. ``vector_store_ids``
+    (``extra_body`` too) asks the files of those vector stores instead."""
 
     model_config = ConfigDict(extra="allow")
     model: str
@@ -157,6 +158,7 @@ class ChatRequest(BaseModel):
     n: int | None = Field(None, ge=1)
     response_format: dict | None = None
     context_id: str | None = None
+    vector_store_ids: list[str] | None = None      # ask these vector stores' files (``extra_body``)
 
     @field_validator("stop")
     @classmethod

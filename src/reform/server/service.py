@@ -22,6 +22,7 @@ from ..engine.layout import as_tensor
 from ..pipeline.inputs import check_takes_images
 from .admission import Line
 from .files import FileStore
+from .libraries import VectorStores
 from .metrics import Metrics
 from .openai_schema import ApiError, Conversation, context_text, history_question
 from .tenants import DailyTokens, Tenant, Tenants, seconds_to_next_day
@@ -128,6 +129,7 @@ class Service:
         self.files = {t.name: FileStore(worker.store, t.scope) for t in self.tenants.all}
         self.usage = DailyTokens(worker.store, worker.contexts.replicas.owner["instance"])
         self.in_flight = {t.name: 0 for t in self.tenants.all}      # requests being answered, by tenant
+        self.vector_stores = VectorStores(self)
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "documents_method": self.pipe.documents_method.name,
                            "window": self.pipe.engine.shape.window}

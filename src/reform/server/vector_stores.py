@@ -1,0 +1,164 @@
+"""``/v1/vector_stores``: OpenAI's vector store endpoints over a tenant's libraries (``libraries.py``), as the
+official client's ``client.vector_stores`` calls them: create, list, retrieve, update and delete a store;
+add (``files.create``, ``file_batches.create``), list, retrieve and remove its files. A file is encoded once
+by a queued job; its status reads ``in_progress`` until then (the client's ``create_and_poll`` polls it)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from .admission import still_wanted
+from .edge import json_body, service_of, tenant_of
+from .openai_schema import ApiError
+
+router = APIRouter()
+
+
+class StoreBody(BaseModel):
+    """``vector_stores.create`` and ``update``: what they send (``chunking_strategy``, ``expires_after`` and
+    ``description`` are accepted and not used: a document is encoded whole)."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str | None = Field(None, max_length=256)
+    metadata: dict[str, str] | None = None
+    file_ids: list[str] | None = Field(None, max_length=500)
+
+
+class FileBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    file_id: str
+
+
+class BatchBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    file_ids: list[str] = Field(min_length=1, max_length=500)
+
+
+def stores(request: Request):
+    return service_of(request).vector_stores
+
+
+def page(data: list[dict], request: Request) -> dict:
+    """OpenAI's list shape, every item in one page (``limit`` honoured, ``after`` too)."""
+    after, limit = request.query_params.get("after"), request.query_params.get("limit")
+    if after is not None:
+        ids = [d["id"] for d in data]
+        data = data[ids.index(after) + 1:] if after in ids else []
+    more = False
+    if limit is not None and limit.isdigit() and int(limit) < len(data):
+        data, more = data[:int(limit)], True
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": more}
+
+
+async def add_files(request: Request, vs_id: str, file_ids: list[str], in_batch: bool = False) -> list[dict]:
+    service, tenant = service_of(request), tenant_of(request)
+    deadline = asyncio.get_running_loop().time() + service.settings.request_timeout
+    wanted = lambda: still_wanted(request, deadline, service.settings.request_timeout)
+    return [await stores(request).add_file(tenant, vs_id, file_id, wanted, in_batch=in_batch) for file_id in file_ids]
+
+
+@router.post("/v1/vector_stores")
+async def create_store(request: Request):
+    body = await json_body(request, StoreBody)
+    made = await run_in_threadpool(stores(request).create, tenant_of(request), body.name, body.metadata)
+    if body.file_ids:
+        await add_files(request, made["id"], body.file_ids, in_batch=True)
+        made = await run_in_threadpool(stores(request).describe, tenant_of(request), made["id"])
+    return made
+
+
+@router.get("/v1/vector_stores")
+async def list_stores(request: Request):
+    return page(await run_in_threadpool(stores(request).all, tenant_of(request)), request)
+
+
+@router.get("/v1/vector_stores/{vs_id}")
+async def get_store(vs_id: str, request: Request):
+    return await run_in_threadpool(stores(request).describe, tenant_of(request), vs_id)
+
+
+@router.post("/v1/vector_stores/{vs_id}")
+async def update_store(vs_id: str, request: Request):
+    body = await json_body(request, StoreBody)
+    return await run_in_threadpool(stores(request).update, tenant_of(request), vs_id, body.name, body.metadata)
+
+
+@router.delete("/v1/vector_stores/{vs_id}")
+async def delete_store(vs_id: str, request: Request):
+    return await run_in_threadpool(stores(request).delete, tenant_of(request), vs_id)
+
+
+@router.post("/v1/vector_stores/{vs_id}/files")
+async def add_file(vs_id: str, request: Request):
+    body = await json_body(request, FileBody)
+    return (await add_files(request, vs_id, [body.file_id]))[0]
+
+
+@router.get("/v1/vector_stores/{vs_id}/files")
+async def list_files(vs_id: str, request: Request):
+    found = await run_in_threadpool(stores(request).files, tenant_of(request), vs_id)
+    if (status := request.query_params.get("filter")) is not None:
+        found = [f for f in found if f["status"] == status]
+    return page(found, request)
+
+
+@router.get("/v1/vector_stores/{vs_id}/files/{file_id}")
+async def get_file(vs_id: str, file_id: str, request: Request):
+    return await run_in_threadpool(stores(request).file, tenant_of(request), vs_id, file_id)
+
+
+@router.delete("/v1/vector_stores/{vs_id}/files/{file_id}")
+async def remove_file(vs_id: str, file_id: str, request: Request):
+    return await run_in_threadpool(stores(request).remove_file, tenant_of(request), vs_id, file_id)
+
+
+# ---------------------------------------------------------------------- file batches
+def batch_object(request: Request, vs_id: str, batch_id: str) -> dict:
+    """A batch's object: its files' statuses counted now (a batch is its files' ids, kept in the catalog)."""
+    library = stores(request).library(tenant_of(request), vs_id)
+    _, docs = library.catalog.read()
+    batch = library.catalog.info.get("batches", {}).get(batch_id)
+    if batch is None:
+        raise ApiError(404, f"file batch {batch_id} not found", code="not_found")
+    files = [stores(request).file_object(tenant_of(request), vs_id, docs[f]) for f in batch["file_ids"] if f in docs]
+    counts = {s: sum(f["status"] == s for f in files) for s in ("in_progress", "completed", "failed", "cancelled")}
+    return {"id": batch_id, "object": "vector_store.files_batch", "vector_store_id": vs_id,
+            "created_at": batch["created_at"], "status": "in_progress" if counts["in_progress"] else "completed",
+            "file_counts": {**counts, "total": len(batch["file_ids"])}, "files": files}
+
+
+def remember_batch(request: Request, vs_id: str, file_ids: list[str]) -> str:
+    library = stores(request).library(tenant_of(request), vs_id)
+    batch_id = "vsfb_" + secrets.token_hex(12)
+    with library.catalog.lock():
+        maker, docs = library.catalog.read()
+        library.catalog.info.setdefault("batches", {})[batch_id] = {"file_ids": file_ids,
+                                                                    "created_at": int(time.time())}
+        library.catalog.write(maker, docs)
+    return batch_id
+
+
+@router.post("/v1/vector_stores/{vs_id}/file_batches")
+async def create_batch(vs_id: str, request: Request):
+    body = await json_body(request, BatchBody)
+    await run_in_threadpool(stores(request).library, tenant_of(request), vs_id)       # 404 before any work
+    await add_files(request, vs_id, body.file_ids, in_batch=True)
+    batch_id = await run_in_threadpool(remember_batch, request, vs_id, body.file_ids)
+    return {k: v for k, v in (await run_in_threadpool(batch_object, request, vs_id, batch_id)).items() if k != "files"}
+
+
+@router.get("/v1/vector_stores/{vs_id}/file_batches/{batch_id}")
+async def get_batch(vs_id: str, batch_id: str, request: Request):
+    return {k: v for k, v in (await run_in_threadpool(batch_object, request, vs_id, batch_id)).items() if k != "files"}
+
+
+@router.get("/v1/vector_stores/{vs_id}/file_batches/{batch_id}/files")
+async def list_batch_files(vs_id: str, batch_id: str, request: Request):
+    return page((await run_in_threadpool(batch_object, request, vs_id, batch_id))["files"], request)
