@@ -272,7 +272,7 @@ class Library:
         chosen = [(names[d], self.context(docs[names[d]].key), d) for d, _ in reversed(ranked)]   # best last
         load = time.perf_counter() - t
         t = time.perf_counter()
-        headers = {name: templater.encode(HEADER.format(name=name)) for name, _, _ in chosen}
+        headers = {name: templater.encode(HEADER.format(name=docs[name].title or name)) for name, _, _ in chosen}
         separator = templater.encode(SEPARATOR)
         budget = max(1, self.method.config.recompute_budget - len(templater.prefix) -
                      sum(len(h) + len(separator) for h in headers.values()))

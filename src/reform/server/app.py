@@ -192,11 +192,13 @@ async def chat(request: Request):
         raise ApiError(400, str(e)) from None
     conv = Conversation.of(req.messages)
     shelf = None
+    if req.file_ids is not None and req.vector_store_ids is None:
+        raise ApiError(400, "file_ids chooses files of vector stores: send vector_store_ids too", param="file_ids")
     if req.vector_store_ids is not None:      # questions over vector stores: their files are the context
         if conv.parts is not None or conv.files or req.context_id is not None:
             raise ApiError(400, "vector_store_ids cannot be sent with files, images or a context_id",
                            param="vector_store_ids")
-        shelf = await run_in_threadpool(service.vector_stores.shelf, tenant, req.vector_store_ids)
+        shelf = await run_in_threadpool(service.vector_stores.shelf, tenant, req.vector_store_ids, req.file_ids)
         key, text, question = None, None, await service.fit_history(conv.earlier, conv.question)
     elif conv.parts is not None:      # images: the conversation is encoded as it is, in the job (not stored)
         await service.check_images(conv.parts, req.context_id)

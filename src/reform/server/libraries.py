@@ -202,15 +202,19 @@ class VectorStores:
         return await run_in_threadpool(self.file, tenant, vs_id, file_id)
 
     # ------------------------------------------------------------------ questions
-    def shelf(self, tenant: Tenant, vs_ids: list[str]) -> dict[str, Document]:
-        """The ready documents of the vector stores ``vs_ids``, together; 404 for one the tenant lacks, 400
-        when none is ready."""
+    def shelf(self, tenant: Tenant, vs_ids: list[str], file_ids: list[str] | None = None) -> dict[str, Document]:
+        """The ready documents of the vector stores ``vs_ids`` together (``file_ids``: only these); 404 for a
+        store the tenant lacks, 400 for a file in none of them or when none is ready."""
         if not vs_ids or not all(isinstance(v, str) for v in vs_ids):
             raise ApiError(400, "vector_store_ids must name at least one vector store", param="vector_store_ids")
-        shelf = {}
+        shelf, held = {}, set()
         for vs_id in vs_ids:
             _, docs = self.library(tenant, vs_id).catalog.read()
-            shelf |= {n: d for n, d in docs.items() if self.status_of(tenant, vs_id, d).ready}
+            held |= set(docs)
+            shelf |= {n: d for n, d in docs.items() if self.status_of(tenant, vs_id, d).ready
+                      and (file_ids is None or n in file_ids)}
+        if file_ids is not None and (missing := [f for f in file_ids if f not in held]):
+            raise ApiError(400, f"file {missing[0]} is in none of vector stores {', '.join(vs_ids)}", param="file_ids")
         if not shelf:
             raise ApiError(400, f"vector store{'s' if len(vs_ids) > 1 else ''} {', '.join(vs_ids)} "
                                 "hold no file ready to ask; add files and wait for them to complete",

@@ -159,6 +159,7 @@ class ChatRequest(BaseModel):
     response_format: dict | None = None
     context_id: str | None = None
     vector_store_ids: list[str] | None = None      # ask these vector stores' files (``extra_body``)
+    file_ids: list[str] | None = None              # with vector_store_ids: only these of their files
 
     @field_validator("stop")
     @classmethod

@@ -1,5 +1,6 @@
-// The reform web page: upload a document (POST /v1/contexts), watch its encode, ask it questions over the
-// streamed chat API (POST /v1/chat/completions with context_id), list and delete stored contexts.
+// The reform web page: drop documents into a library (POST /v1/files, then a vector store's files), or paste
+// a text (POST /v1/contexts); watch their encodes; ask the ticked documents or the chosen text over the
+// streamed chat API (POST /v1/chat/completions with vector_store_ids and file_ids, or context_id).
 // Plain browser JavaScript, no build step, no CDN: it only calls this server's own API.
 "use strict";
 const $ = (id) => document.getElementById(id);
@@ -27,7 +28,9 @@ function size(bytes) {
 
 function choose(id) {
   chosen = id;
-  $("chosen").textContent = id;
+  for (const key of ticked.keys()) ticked.set(key, false);      // a chosen text: the library's documents untick
+  for (const box of document.querySelectorAll("#library input")) box.checked = false;
+  showChosen();
   for (const tr of document.querySelectorAll("#contexts tbody tr")) tr.classList.toggle("chosen", tr.dataset.id === id);
 }
 
@@ -50,6 +53,7 @@ async function refresh() {
       await api("/v1/contexts/" + c.id, {method: "DELETE"}).catch((e) => alert(e.message));
       if (chosen === c.id) { chosen = null; $("chosen").textContent = NONE_CHOSEN; }
       refresh();
+showLibrary();
     };
     td.append(use, " ", del);
     tr.append(td);
@@ -57,30 +61,81 @@ async function refresh() {
   }));
 }
 
-let droppedFile = null;      // a document dropped or chosen: sent as it is (multipart), the server extracts it
+// ---------------------------------------------------------------- the library: a vector store of this page's
+const LIBRARY_NAME = "web page library";
+let library = null;                  // its id, found or made at the first drop
+const ticked = new Map();           // file id -> ticked (a completed file starts ticked)
 
-function setFile(file) {
-  droppedFile = file;
-  $("file-row").hidden = !file;
-  $("file-name").textContent = file ? `${file.name} (${size(file.size)})` : "";
-  $("document").disabled = !!file;
+async function libraryId(make) {
+  if (library) return library;
+  const found = (await api("/v1/vector_stores")).data.find((v) => v.name === LIBRARY_NAME);
+  if (found) return (library = found.id);
+  if (!make) return null;
+  return (library = (await api("/v1/vector_stores", {method: "POST", body: JSON.stringify({name: LIBRARY_NAME})})).id);
+}
+
+async function addFiles(files) {
+  const status = $("library-status");
+  try {
+    const id = await libraryId(true);
+    for (const file of files) {
+      status.textContent = `uploading ${file.name}`;
+      const body = new FormData(); body.append("file", file, file.name); body.append("purpose", "assistants");
+      const made = await fetch("/v1/files", {method: "POST", headers: headers(false), body}).then(async (r) => {
+        const j = await r.json().catch(() => ({}));
+        if (!r.ok) throw new Error(`${file.name}: ` + ((j.error && j.error.message) || r.status));
+        return j;
+      });
+      await api(`/v1/vector_stores/${id}/files`, {method: "POST", body: JSON.stringify({file_id: made.id})});
+      await showLibrary();
+    }
+    status.textContent = "";
+  } catch (e) { status.textContent = "failed: " + e.message; }
+  await showLibrary();
+}
+
+async function showLibrary() {
+  const id = await libraryId(false).catch(() => null);
+  if (!id) return;
+  const files = (await api(`/v1/vector_stores/${id}/files?limit=1000`)).data.slice().reverse();
+  $("library").querySelector("tbody").replaceChildren(...files.map((f) => {
+    const tr = document.createElement("tr");
+    tr.dataset.id = f.id; tr.dataset.status = f.status;
+    const box = document.createElement("input");
+    box.type = "checkbox"; box.disabled = f.status !== "completed";
+    if (f.status === "completed" && !ticked.has(f.id)) ticked.set(f.id, true);
+    box.checked = !!ticked.get(f.id); box.onchange = () => { ticked.set(f.id, box.checked); showChosen(); };
+    const name = (f.attributes && f.attributes.filename) || f.id;
+    const cells = [box, name, f.status + (f.last_error ? ": " + f.last_error.message : ""),
+                   (f.attributes && f.attributes.tokens) || ""];
+    for (const v of cells) { const td = document.createElement("td"); td.append(v); tr.append(td); }
+    const del = document.createElement("button");
+    del.textContent = "remove";
+    del.onclick = async () => { await api(`/v1/vector_stores/${id}/files/${f.id}`, {method: "DELETE"}); ticked.delete(f.id); showLibrary(); };
+    const td = document.createElement("td"); td.append(del); tr.append(td);
+    return tr;
+  }));
+  showChosen();
+  if (files.some((f) => f.status === "in_progress")) setTimeout(showLibrary, 500);
+}
+
+function tickedFiles() {
+  return [...document.querySelectorAll("#library tbody tr")]
+    .filter((tr) => tr.dataset.status === "completed" && ticked.get(tr.dataset.id)).map((tr) => tr.dataset.id);
+}
+
+function showChosen() {
+  const n = tickedFiles().length;
+  $("chosen").textContent = n ? `${n} document${n > 1 ? "s" : ""} of the library` : (chosen || NONE_CHOSEN);
 }
 
 async function upload() {
   const text = $("document").value;
   const status = $("upload-status"), bar = $("progress");
-  if (!droppedFile && !text.trim()) { status.textContent = "the document is empty"; return; }
+  if (!text.trim()) { status.textContent = "the text is empty"; return; }
   $("upload").disabled = true;
   try {
-    let body;
-    if (droppedFile) { body = new FormData(); body.append("file", droppedFile, droppedFile.name); }
-    let c = droppedFile
-      ? await fetch("/v1/contexts", {method: "POST", headers: headers(false), body}).then(async (r) => {
-          const j = await r.json().catch(() => ({}));
-          if (!r.ok) throw new Error((j.error && j.error.message) || r.status + " " + r.statusText);
-          return j;
-        })
-      : await api("/v1/contexts", {method: "POST", body: JSON.stringify({text})});
+    let c = await api("/v1/contexts", {method: "POST", body: JSON.stringify({text})});
     bar.hidden = false;
     while (c.status === "queued" || c.status === "encoding") {
       bar.value = c.tokens ? c.tokens_encoded / c.tokens : 0;
@@ -99,6 +154,7 @@ async function upload() {
   } finally {
     $("upload").disabled = false;
     refresh();
+showLibrary();
   }
 }
 
@@ -111,8 +167,10 @@ async function ask() {
   $("ask").disabled = true;
   a.dataset.state = "streaming";
   try {
+    const files = tickedFiles();
+    const about = files.length ? {vector_store_ids: [library], file_ids: files} : chosen ? {context_id: chosen} : {};
     const r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify({
-      model: "reform", ...(chosen ? {context_id: chosen} : {}), stream: true,   // none: the model alone
+      model: "reform", ...about, stream: true,   // none: the model alone
       max_tokens: Number($("max-tokens").value) || 256,
       messages: [{role: "user", content: question}]})});
     if (!r.ok) {
@@ -174,18 +232,20 @@ $("upload").onclick = upload;
 $("ask").onclick = ask;
 $("question").addEventListener("keydown", (e) => { if (e.key === "Enter") ask(); });
 $("api-key").value = localStorage.getItem("reform-api-key") || "";
-$("api-key").addEventListener("change", () => { localStorage.setItem("reform-api-key", $("api-key").value); refresh(); });
+$("api-key").addEventListener("change", () => {
+  localStorage.setItem("reform-api-key", $("api-key").value); library = null; ticked.clear(); refresh(); showLibrary();
+});
 const drop = $("drop");
 drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
 drop.addEventListener("dragleave", () => drop.classList.remove("over"));
 drop.addEventListener("drop", (e) => {
   e.preventDefault(); drop.classList.remove("over");
-  if (e.dataTransfer.files.length) setFile(e.dataTransfer.files[0]);
+  if (e.dataTransfer.files.length) addFiles([...e.dataTransfer.files]);
 });
-$("file").addEventListener("change", () => { if ($("file").files.length) setFile($("file").files[0]); });
-$("clear-file").onclick = () => { $("file").value = ""; setFile(null); };
+$("file").addEventListener("change", () => { if ($("file").files.length) addFiles([...$("file").files]); $("file").value = ""; });
 fetch("/v1/models", {headers: headers(false)}).then((r) => r.json()).then((m) => {
   if (m.data) $("model").textContent = m.data[0].id + " · " + m.data[0].method +
     (m.data[0].documents_method && m.data[0].documents_method !== m.data[0].method ? "; documents: " + m.data[0].documents_method : "");
 }).catch(() => {});
 refresh();
+showLibrary();
