@@ -171,3 +171,26 @@ def test_library_commands(tiny_model_dir, folder, tmp_path):
     assert r.exit_code == 2 and "no document named 'doc1.md'" in r.output
     r = run("library", "add", str(tmp_path / "missing.pdf"), "--store", store, *flags)
     assert r.exit_code != 0 and "not found" in r.output
+
+
+def test_encode_fills_a_library_that_ask_reads(tiny_model_dir, folder, tmp_path):
+    """`reform encode DIR --store S --library L` prepares every document and enters them (as on Ray, in this
+    process); `reform ask --store S --library L` asks them; a bad library name is refused before any work."""
+    from typer.testing import CliRunner
+
+    from reform.cli.main import app
+    run = lambda *args: CliRunner().invoke(app, list(args))
+    store = str(tmp_path / "store")
+    flags = ["--model", str(tiny_model_dir), "--heads", "1:v:0,2:q:3", "--chunk-size", "128", "--cache-budget",
+             "256", "--recompute-budget", "400"]
+    r = run("encode", str(folder), "--store", store, "--library", "harbour", "--json", *flags)
+    assert r.exit_code == 1, r.output          # blank.txt is no document (failed), the others are entered
+    summary = json.loads(r.stdout)
+    assert (summary["encoded"], summary["failed"], summary["entered"]) == (5, 1, 5)
+    listed = json.loads(run("library", "list", "--store", store, "--library", "harbour", "--json").stdout)
+    assert [d["name"] for d in listed["documents"]] == ["doc1.md", "doc2.md", "doc3.md", "short.md", "sub/notes.txt"]
+    r = run("ask", "--store", store, "--library", "harbour", "-q", "Who kept lighthouse 3?", "--json",
+            "--max-new-tokens", "3", *flags)
+    assert r.exit_code == 0 and json.loads(r.stdout)["stats"]["library"]["documents"] == 5
+    r = run("encode", str(folder), "--store", store, "--library", "../up", *flags)
+    assert r.exit_code == 2 and "a library's name" in r.output

@@ -186,3 +186,34 @@ def test_two_serve_replicas_answer_from_one_store(cluster, load, local_pipe, tmp
         assert len({worker for worker, _ in answers}) == 2           # both replicas answered from the store
     finally:
         serve.delete(cluster_serve.APP_NAME)
+
+
+def test_a_library_encoded_on_ray_is_asked_by_serve_replicas(cluster, load, local_pipe, tmp_path):
+    """`reform encode DIR --store S --library L --ray`: the workers prepare each document (encoded, its passages
+    written) and the driver enters them; `reform serve --ray` replicas then ask the library as a vector store,
+    with the answer the library gives in this process."""
+    import openai
+    from ray import serve
+
+    from reform.cluster import serve as cluster_serve
+    from reform.cluster.encode import enter_library
+    from reform.library import Library
+
+    docs = write_corpus(tmp_path / "corpus", 3)
+    store_url = str(tmp_path / "store")
+    results = encode_on_ray(docs, store_url, load, workers=2, library=("harbour", str(tmp_path / "corpus")))
+    assert sorted(r.status for r in results) == ["encoded"] * 3 and enter_library(store_url, "harbour", results) == 3
+    library = Library(local_pipe, store_url, name="harbour")
+    assert [d.name for d in library.documents()] == ["doc0.txt", "doc1.txt", "doc2.txt"]
+    expected = library.ask(QUESTION, max_new_tokens=8)
+    port = free_port()
+    cluster_serve.run(load, store_url, host="127.0.0.1", port=port, replicas=1, blocking=False)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        assert "harbour" in [s.id for s in client.vector_stores.list().data]
+        response = client.responses.create(model="reform", input=QUESTION, max_output_tokens=8,
+                                           tools=[{"type": "file_search", "vector_store_ids": ["harbour"]}])
+        assert response.output_text == expected.text
+        assert response.model_extra["reform"]["evidence"] == [p.to_json() for p in expected.evidence]
+    finally:
+        serve.delete(cluster_serve.APP_NAME)

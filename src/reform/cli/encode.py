@@ -36,6 +36,8 @@ def encode(source: str = typer.Argument(..., help="a document (PDF, scans, DOCX,
                "often (default 5; 0: after every chunk); the same command resumes from it (REFORM)"),
            as_json: bool = typer.Option(False, "--json", help="print one JSON object with the result"),
            ocr: str = OcrOpt,
+           library: Optional[str] = typer.Option(None, "--library", help="with --store: add every document to "
+                                                 "this library of the store (`reform ask --store S --library NAME`)"),
            *, load: LoadArgs):
     """Encode documents once and save their contexts; ask them later with `reform ask --context FILE`
     or through `reform serve --store`."""
@@ -47,6 +49,8 @@ def encode(source: str = typer.Argument(..., help="a document (PDF, scans, DOCX,
             raise CliError("--ray encodes into a store: give --store FOLDER_OR_URL")
         if checkpoint_minutes is not None and output is None:
             raise CliError("--checkpoint-minutes is for one document (--out FILE)")
+        if library is not None and store is None:
+            raise CliError("--library fills a library of a store: give --store FOLDER_OR_URL")
         limits = limits_for(ocr)
         load = args.load(documents=True)
         if checkpoint_minutes is not None:
@@ -56,7 +60,7 @@ def encode(source: str = typer.Argument(..., help="a document (PDF, scans, DOCX,
     if output is not None:
         encode_one(Path(source), output, load, as_json, checkpoint_minutes, limits)
     else:
-        encode_corpus(source, store, {**load, "ocr": ocr}, ray, address, workers, threads_per_worker, as_json)
+        encode_corpus(source, store, {**load, "ocr": ocr}, ray, address, workers, threads_per_worker, as_json, library)
 
 
 def encode_one(file: Path, output: Path, load: dict, as_json: bool, checkpoint_minutes: float | None,
@@ -128,12 +132,19 @@ def checkpoint_for(pipe, output: Path, minutes: float | None):
 
 
 def encode_corpus(source: str, store: str, load: dict, ray: bool, address: str | None, workers: int | None,
-                  threads_per_worker: int, as_json: bool) -> None:
+                  threads_per_worker: int, as_json: bool, library: str | None = None) -> None:
     from ..cluster import encode as cluster
     from ..documents import DocumentError, find_documents
+    from ..library.catalog import Catalog
     from ..store import ContextFileError, ContextStore
+    shelf = None
     try:
         documents = find_documents(source)
+        if library is not None:
+            Catalog(ContextStore(store), name=library)      # a bad name is refused before any model loads
+            if (load.get("segments") or 1) > 1:
+                raise CliError("--library and a segment-parallel encode (segments > 1) do not go together yet")
+            shelf = (library, source if "://" in source else str(Path(source).expanduser().absolute()))
         ContextStore(store)                        # refuse an unusable store before any model loads
         check_load_options(load)
         on_interrupt(f"contexts already written to {store} stay there; run the command again to encode the rest")
@@ -143,11 +154,12 @@ def encode_corpus(source: str, store: str, load: dict, ray: bool, address: str |
             if ray:
                 run = lambda: cluster.encode_on_ray(documents, store, load, workers=workers,
                                                     threads_per_worker=threads_per_worker, on_event=on_event,
-                                                    on_result=on_result)
+                                                    on_result=on_result, library=shelf)
             else:
-                run = lambda: cluster.encode_in_process(documents, store, load, on_event, on_result)
+                run = lambda: cluster.encode_in_process(documents, store, load, on_event, on_result, library=shelf)
             results, seconds = cluster.timed(run)
-    except (DocumentError, ContextFileError) as e:
+        entered = cluster.enter_library(store, library, results) if library is not None else None
+    except (DocumentError, ContextFileError, ValueError) as e:
         fail(CliError(str(e)))
     except CliError as e:
         fail(e)
@@ -155,7 +167,8 @@ def encode_corpus(source: str, store: str, load: dict, ray: bool, address: str |
         if type(e).__module__.startswith("ray."):          # e.g. a worker whose model would not load
             fail(CliError(f"the Ray cluster failed: {str(e).strip().splitlines()[0] if str(e).strip() else e}"))
         raise
-    summary = {"store": store, "ray": ray, **cluster.summary(results, seconds)}
+    summary = {"store": store, "ray": ray, **cluster.summary(results, seconds),
+               **({"library": library, "entered": entered} if library is not None else {})}
     if as_json:
         print(json.dumps({**summary, "results": [r.to_json() for r in results]}))
     else:
@@ -164,7 +177,7 @@ def encode_corpus(source: str, store: str, load: dict, ray: bool, address: str |
                 err.print(f"[bold red]failed:[/] {r.document}: {r.error}", highlight=False)
         err.print(f"{summary['encoded']} encoded, {summary['stored']} already stored, {summary['failed']} failed "
                   f"of {summary['documents']} documents ({summary['tokens_encoded']} tokens) in {seconds:.1f} s "
-                  f"into {store}", highlight=False)
+                  f"into {store}" + (f", {entered} entered into library {library}" if library else ""), highlight=False)
     if summary["failed"]:
         raise typer.Exit(1)
 

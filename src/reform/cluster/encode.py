@@ -32,9 +32,11 @@ class EncodeResult:
     seconds: float = 0.0        # encode time (0 for a stored one)
     bytes: int = 0
     error: str | None = None
+    entry: dict | None = None       # with a library: the document's catalog entry, for the driver to enter
+    maker: dict | None = None       # and who made it (``Library.maker``)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("entry", "maker")}
 
 
 def load_pipeline(load: dict):
@@ -50,15 +52,21 @@ class DocumentEncoder:
     """Loads the model once; ``encode(document)`` stores one document's context under its key. A plain
     class: used as is in one process and as a Ray actor on a cluster."""
 
-    def __init__(self, load: dict, store: str, threads: int | None = None, pipe=None):
+    def __init__(self, load: dict, store: str, threads: int | None = None, pipe=None,
+                 library: tuple[str, str] | None = None):
+        """``library``: ``(name, folder)``: each document is prepared for that library of the store, named by
+        its path below ``folder`` (``Library.prepare``); the driver enters the results (``enter_library``)."""
         if threads:
             import torch
             torch.set_num_threads(threads)
         self.pipe = pipe if pipe is not None else load_pipeline(load)
         self.store = ContextStore(store)
         self.limits = Limits(ocr=load.get("ocr", "auto"))
+        self.library = library
 
     def encode(self, document: str, report: Callable[[Event], None] | None = None) -> EncodeResult:
+        if self.library is not None:
+            return self.prepare(document, report)
         pid = os.getpid()
         try:
             doc = extract_bytes(read_bytes(document), document, self.limits)
@@ -74,6 +82,31 @@ class DocumentEncoder:
         except (DocumentError, ContextFileError, ValueError) as e:
             return EncodeResult(document, "failed", error=str(e).splitlines()[0] if str(e) else type(e).__name__)
         return EncodeResult(document, "encoded", key, int(ids.shape[0]), round(ctx.encode_seconds, 3), size)
+
+    def prepare(self, document: str, report: Callable[[Event], None] | None = None) -> EncodeResult:
+        """One document of a library: encoded (every token embedded) unless stored, its passages written,
+        its catalog entry returned."""
+        from ..documents.folder import relative_name
+        from ..library import Library
+        name, folder = self.library
+        library, pid, done = Library(self.pipe, self.store, name=name), os.getpid(), [0]
+
+        def progress(_, encoded: int, total: int) -> None:
+            if report is not None:
+                if not done[0]:
+                    report(("start", document, total, pid))
+                report(("tokens", document, encoded - done[0], pid))
+            done[0] = encoded
+        started = time.perf_counter()
+        try:
+            added, entry = library.prepare(document, relative_name(document, folder), self.limits, progress)
+        except (DocumentError, ContextFileError, ValueError, OSError) as e:
+            return EncodeResult(document, "failed", error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+        stored = self.store.get(entry.key) if entry is not None else None
+        return EncodeResult(document, "encoded" if done[0] else "stored", entry.key if entry else None, added.tokens,
+                            round(time.perf_counter() - started, 3) if done[0] else 0.0,
+                            stored.bytes if stored else 0, entry=asdict(entry) if entry else None,
+                            maker=library.maker)
 
     def encode_reporting(self, document: str, board) -> EncodeResult:
         """``encode`` with progress posted to ``board`` (an ``EventBoard`` actor; not waited for)."""
@@ -101,11 +134,21 @@ class EventBoard:
         return events
 
 
+def enter_library(store: str, library: str, results: list[EncodeResult]) -> int:
+    """Enter the prepared documents of ``results`` into the library (one writer: this process); how many."""
+    from ..library.catalog import Catalog, Document
+    entries = [(Document(**r.entry), r.maker) for r in results if r.entry is not None]
+    if entries:
+        Catalog(ContextStore(store), name=library).enter(entries[0][1], [e for e, _ in entries])
+    return len(entries)
+
+
 def encode_in_process(documents: list[str], store: str, load: dict,
                       on_event: Callable[[Event], None] | None = None,
-                      on_result: Callable[[EncodeResult], None] | None = None) -> list[EncodeResult]:
+                      on_result: Callable[[EncodeResult], None] | None = None,
+                      library: tuple[str, str] | None = None) -> list[EncodeResult]:
     """Every document, one after another, with one model in this process."""
-    encoder, results = DocumentEncoder(load, store), []
+    encoder, results = DocumentEncoder(load, store, library=library), []
     for document in documents:
         results.append(encoder.encode(document, on_event))
         if on_result is not None:
@@ -115,7 +158,8 @@ def encode_in_process(documents: list[str], store: str, load: dict,
 
 def encode_on_ray(documents: list[str], store: str, load: dict, *, workers: int | None = None,
                   threads_per_worker: int = 1, on_event: Callable[[Event], None] | None = None,
-                  on_result: Callable[[EncodeResult], None] | None = None) -> list[EncodeResult]:
+                  on_result: Callable[[EncodeResult], None] | None = None,
+                  library: tuple[str, str] | None = None) -> list[EncodeResult]:
     """Every document as one task on a pool of ``workers`` actors (default: the cluster's CPUs divided
     by ``threads_per_worker``) on the Ray cluster this process is connected to (``ray.init`` first).
     With REFORM's ``segments`` option above 1, documents go one at a time instead, each split into
@@ -134,7 +178,7 @@ def encode_on_ray(documents: list[str], store: str, load: dict, *, workers: int 
             if on_event is not None:
                 on_event(event)
 
-    with actor_pool(load, store, workers, threads_per_worker, len(documents)) as (pool, new_actor):
+    with actor_pool(load, store, workers, threads_per_worker, len(documents), library) as (pool, new_actor):
         try:
             while todo or running:
                 while pool and todo:
@@ -183,7 +227,8 @@ def encode_split_on_ray(documents: list[str], store: str, load: dict, *, workers
 
 
 @contextlib.contextmanager
-def actor_pool(load: dict, store: str, workers: int | None, threads_per_worker: int, most: int):
+def actor_pool(load: dict, store: str, workers: int | None, threads_per_worker: int, most: int,
+               library: tuple[str, str] | None = None):
     """``(actors, new_actor)``: up to ``most`` ``DocumentEncoder`` actors (default: the cluster's CPUs /
     ``threads_per_worker``) with their model loaded, restarted by Ray when they die; all killed on exit."""
     import ray
@@ -194,7 +239,7 @@ def actor_pool(load: dict, store: str, workers: int | None, threads_per_worker: 
     actor = ray.remote(num_cpus=threads_per_worker, max_restarts=RETRIES, max_task_retries=RETRIES)(DocumentEncoder)
 
     def new_actor():
-        return actor.remote(load, store, threads_per_worker)
+        return actor.remote(load, store, threads_per_worker, library=library)
 
     pool = [new_actor() for _ in range(count)]
     try:

@@ -27,12 +27,11 @@ from ..methods.options import options_json
 from ..methods.rag import PassageIndex
 from ..methods.retrievers import Dense
 from ..store import ContextStore
-from .catalog import Catalog, Document, Passages
+from .catalog import MADE_BY, Catalog, Document, Passages
 from .gather import Gathered, gather
 from .index import LibraryIndex
 
 HEADER = "Document: {name}\n"
-MADE_BY = ("model", "method", "options")      # what a library's documents must all be encoded with
 SEPARATOR = "\n\n"
 
 
@@ -121,6 +120,16 @@ class Library:
 
     def add_one(self, location: str, name: str, limits: Limits,
                 progress: Callable[[str, int, int], None] | None = None, in_folder: bool = False) -> Added:
+        added, entry = self.prepare(location, name, limits, progress, in_folder)
+        if entry is not None:
+            self.enter([entry])
+        return added
+
+    def prepare(self, location: str, name: str, limits: Limits,
+                progress: Callable[[str, int, int], None] | None = None,
+                in_folder: bool = False) -> tuple[Added, Document | None]:
+        """``add_one`` but the catalog: the document read, encoded unless stored, its passages written; its
+        entry (None when unchanged) for ``enter``. A Ray worker prepares, the driver enters."""
         data = read_bytes(location)
         if in_folder and limits.ocr != "always" and data.strip() and kind_of(name, data) == "image":
             raise UnsupportedDocument(f"{name} is an image: a folder's images are read by OCR with --ocr always")
@@ -129,7 +138,7 @@ class Library:
         key = self.catalog.key(self.pipe.context_key(ids, document=document))
         old = self.read()[1].get(name)
         if old is not None and old.key == key and old.ready and self.store.has(key):
-            return Added(name, "unchanged", int(ids.shape[0]))
+            return Added(name, "unchanged", int(ids.shape[0])), None
         ctx = None
         if not self.store.has(key):
             total, done = int(ids.shape[0]), [0]
@@ -139,14 +148,21 @@ class Library:
                 if progress is not None:
                     progress(name, done[0], total)
             ctx = self.embedded(key, ids, source, step)
-        self.register(name, document, key, int(ids.shape[0]), ctx)
-        return Added(name, "added" if old is None else "replaced", int(ids.shape[0]))
+        entry = self.entry(name, document, key, int(ids.shape[0]), ctx)
+        return Added(name, "added" if old is None else "replaced", int(ids.shape[0])), entry
 
     def register(self, name: str, document, key: str, tokens: int, ctx: Context | None = None,
                  title: str | None = None) -> Document:
-        """Enter the stored context ``key`` of ``document`` (an ``Extracted``) as ``name``: its passages for
-        the first stage (from ``ctx``, the passages another library of the scope wrote, or the stored
-        context), then the catalog; the context a replaced entry held is deleted unless still held."""
+        """Enter the stored context ``key`` of ``document`` (an ``Extracted``) as ``name`` (``entry``, then
+        ``enter``)."""
+        entry = self.entry(name, document, key, tokens, ctx, title)
+        self.enter([entry])
+        return entry
+
+    def entry(self, name: str, document, key: str, tokens: int, ctx: Context | None = None,
+              title: str | None = None) -> Document:
+        """The catalog entry of the stored context ``key`` of ``document``, its passages for the first stage
+        written (from ``ctx``, the passages another library of the scope wrote, or the stored context)."""
         if ctx is None and self.catalog.has_passages(key):
             passages = self.catalog.read_passages(key)
         else:
@@ -157,16 +173,13 @@ class Library:
                 ctx = self.embedded(key, ctx.ids, ctx.source)
             passages = self.passages_of(ctx)
         self.catalog.write_passages(key, passages)
-        entry = Document(name, key, tokens, document.kind, document.pages, len(passages.texts), time.time(),
-                         title=title)
-        with self.catalog.lock():
-            maker, docs = self.read()
-            old = docs.get(name)
-            docs[name] = entry
-            self.catalog.write(self.maker, docs)
-            if old is not None and old.key != key:
-                self.catalog.drop_unused(old.key, docs)
-        return entry
+        return Document(name, key, tokens, document.kind, document.pages, len(passages.texts), time.time(),
+                        title=title)
+
+    def enter(self, entries: list[Document]) -> None:
+        """Write ``entries`` into the catalog (``Catalog.enter``), refusing one made by another model."""
+        self.read()
+        self.catalog.enter(self.maker, entries)
 
     def note(self, name: str, key: str, tokens: int, document=None, *, status: str, error: str | None = None,
              title: str | None = None) -> Document:

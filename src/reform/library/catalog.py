@@ -21,6 +21,7 @@ LIBRARIES = "libraries"          # the catalogs' folder in a scope: NAME.json ea
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PASSAGES = ".passages.safetensors"
 VERSION = 1
+MADE_BY = ("model", "method", "options")      # what a library's documents must all be encoded with
 
 
 @dataclass
@@ -132,6 +133,20 @@ class Catalog:
                 self.drop_unused(docs.pop(name).key, docs)
             self.write(maker, docs)
         return docs
+
+    def enter(self, maker: dict, entries: list[Document]) -> None:
+        """Add or replace ``entries`` by name, under the lock; the context a replaced entry held is deleted
+        unless still held. ``ValueError`` when the catalog was made by another model or method."""
+        with self.lock():
+            made, docs = self.read()
+            if made is not None and any(made.get(k) != maker.get(k) for k in MADE_BY):
+                raise ValueError(f"the library {self.name} was built with another model or documents method "
+                                 f"({made.get('model_name')}, {made.get('method')})")
+            old = {e.name: docs[e.name].key for e in entries if e.name in docs}
+            docs |= {e.name: e for e in entries}
+            self.write(made or maker, docs)
+            for key in set(old.values()) - {e.key for e in entries}:
+                self.drop_unused(key, docs)
 
     def drop_unused(self, key: str, docs: dict[str, Document]) -> None:
         """Delete ``key``'s context and passages unless one of ``docs`` or another library still holds it."""

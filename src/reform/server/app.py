@@ -49,7 +49,8 @@ from .service import ChatJob, Keys, Service, Settings
 from .tenants import Tenant, public_id
 from .scheduler import Cancelled
 from .worker import Worker
-from . import responses, vector_stores
+from .responses import router as responses_router
+from .vector_stores import router as vector_stores_router
 
 __all__ = ["Keys", "Service", "Settings", "create_app"]
 
@@ -417,7 +418,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
                            expose_headers=["X-Request-Id", "X-Reform-Worker", "Retry-After"])
     app.include_router(router)
-    app.include_router(vector_stores.router)
-    app.include_router(responses.router)
+    app.include_router(vector_stores_router)
+    app.include_router(responses_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

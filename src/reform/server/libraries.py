@@ -7,7 +7,6 @@ Questions name vector stores in the Responses API's ``file_search`` tool or in a
 
 from __future__ import annotations
 
-import re
 import secrets
 import threading
 import time
@@ -15,12 +14,13 @@ import time
 from starlette.concurrency import run_in_threadpool
 
 from ..library import Library
-from ..library.catalog import Catalog, Document
+from ..library.catalog import NAME, Catalog, Document
 from .openai_schema import ApiError
 from .scheduler import Underway
 from .tenants import Tenant
 
-VECTOR_STORE = re.compile(r"vs_[0-9a-f]{24}")
+# a vector store's id: one made here (vs_...), or any library of the tenant's folder (``reform encode --library``)
+VECTOR_STORE = NAME
 
 
 def last_error(entry: Document) -> dict | None:
@@ -71,14 +71,14 @@ class VectorStores:
         counts = {s: sum(e.status == s for e in entries) for s in ("in_progress", "completed", "failed", "cancelled")}
         used = sum(e.bytes for d in docs.values() if (e := self.worker.store.get(d.key)) is not None)
         return {"id": vs_id, "object": "vector_store", "created_at": info.get("created_at", 0),
-                "name": info.get("name", ""), "usage_bytes": used, "file_counts": {**counts, "total": len(entries)},
+                "name": info.get("name", vs_id), "usage_bytes": used, "file_counts": {**counts, "total": len(entries)},
                 "status": "in_progress" if counts["in_progress"] else "completed",
                 "last_active_at": info.get("created_at", 0), "metadata": info.get("metadata") or {},
                 "expires_after": None, "expires_at": None}
 
     def all(self, tenant: Tenant) -> list[dict]:
         names = Catalog(self.worker.store, tenant.scope).names()
-        found = [self.describe(tenant, n) for n in names if n.startswith("vs_")]
+        found = [self.describe(tenant, n) for n in names]
         return sorted(found, key=lambda v: -v["created_at"])
 
     def update(self, tenant: Tenant, vs_id: str, name: str | None, metadata: dict | None) -> dict:
