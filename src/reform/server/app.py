@@ -35,18 +35,16 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.sampling import Sampling
 from .admission import Waiting, still_wanted
-from .edge import BodyLimit, Guard, body_bytes, json_body, service_of, tenant_of
+from .edge import BodyLimit, Guard, asked, body_bytes, service_of, tenant_of
 from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
 from .libraries import LibraryQuestion
 from .service import ChatJob, Keys, Service, Settings
-from .tenants import Tenant, public_id
+from .tenants import public_id
 from .scheduler import Cancelled
 from .worker import Worker
 from .responses import router as responses_router
@@ -181,16 +179,8 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat(request: Request):
-    service, tenant = service_of(request), tenant_of(request)
+    service, tenant, req, deadline = await asked(request, ChatRequest)
     settings = service.settings
-    deadline = asyncio.get_running_loop().time() + settings.request_timeout   # reading the request counts
-    req = await json_body(request, ChatRequest)
-    req.refuse_unsupported()
-    service.check_model(req.model)
-    try:
-        Sampling(**req.sampling())
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
     conv = Conversation.of(req.messages)
     shelf = None
     if req.file_ids is not None and req.vector_store_ids is None:

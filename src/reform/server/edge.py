@@ -42,6 +42,25 @@ async def json_body(request: Request, model):
                        param=where or None) from None
 
 
+async def asked(request: Request, model) -> tuple:
+    """``(service, tenant, request body, deadline)`` of a request that asks the model (a chat, a response):
+    the body as ``model``, its unsupported fields refused, its model and sampling checked (400s). The deadline
+    counts from now: reading the request counts."""
+    import asyncio
+
+    from ..engine.sampling import Sampling
+    service, tenant = service_of(request), tenant_of(request)
+    deadline = asyncio.get_running_loop().time() + service.settings.request_timeout
+    req = await json_body(request, model)
+    req.refuse_unsupported()
+    service.check_model(req.model)
+    try:
+        Sampling(**req.sampling())
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    return service, tenant, req, deadline
+
+
 async def body_bytes(request: Request, limit: int) -> bytes:
     """The whole body, refused with 413 as soon as it passes ``limit`` bytes."""
     pieces, size = [], 0

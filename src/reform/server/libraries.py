@@ -161,8 +161,8 @@ class VectorStores:
             document = await service.extract(data, filename)
             key, tokens = await service.key_of(document, tenant)
         except ApiError as e:
-            await run_in_threadpool(lambda: library.note(file_id, "", 0, status="failed", error=e.message,
-                                                         title=filename))
+            why = e.message
+            await run_in_threadpool(lambda: library.note(file_id, "", 0, status="failed", error=why, title=filename))
             return await run_in_threadpool(self.file, tenant, vs_id, file_id)
         charged = service.will_encode(key)
         if charged:

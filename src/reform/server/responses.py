@@ -9,7 +9,6 @@ tool the question is answered by the model alone. Streaming is refused (400): a 
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 
@@ -17,9 +16,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..engine.sampling import Sampling
 from .admission import Waiting, still_wanted
-from .edge import json_body, service_of, tenant_of
+from .edge import asked
 from .libraries import LibraryQuestion
 from .openai_schema import ApiError
 from .scheduler import Cancelled
@@ -115,16 +113,8 @@ def output(answer, question: str, shelf: dict | None, include: list[str]) -> lis
 
 @router.post("/v1/responses")
 async def create_response(request: Request):
-    service, tenant = service_of(request), tenant_of(request)
+    service, tenant, req, deadline = await asked(request, ResponseRequest)
     settings = service.settings
-    deadline = asyncio.get_running_loop().time() + settings.request_timeout
-    req = await json_body(request, ResponseRequest)
-    req.refuse_unsupported()
-    service.check_model(req.model)
-    try:
-        Sampling(**req.sampling())
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
     turns, question = req.question()
     if req.instructions:
         turns = [("system", req.instructions)] + turns
@@ -132,10 +122,10 @@ async def create_response(request: Request):
     vs_ids = req.vector_store_ids()
     stores = service.vector_stores
     shelf = None if vs_ids is None else await run_in_threadpool(stores.shelf, tenant, vs_ids)
-    asked = LibraryQuestion(service, stores.asker(tenant), shelf, question, stream=False,
+    job_of = LibraryQuestion(service, stores.asker(tenant), shelf, question, stream=False,
                             max_new_tokens=req.max_output_tokens, sampling=req.sampling(), tenant=tenant)
     try:
-        job = await service.enqueue(asked.put, lambda: still_wanted(request, deadline, settings.request_timeout),
+        job = await service.enqueue(job_of.put, lambda: still_wanted(request, deadline, settings.request_timeout),
                                     tenant)
         answer, _ = await Waiting(job, request, deadline, settings.request_timeout).result()
     except Cancelled:
