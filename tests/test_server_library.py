@@ -137,3 +137,19 @@ def test_a_library_over_the_tenants_quota_is_refused_and_keeps_what_it_had(tmp_p
             client.vector_stores.files.create(vector_store_id=store.id, file_id=two.id)
         assert refused.value.status_code == 413 and "quota" in refused.value.message
         assert [f.id for f in client.vector_stores.files.list(vector_store_id=store.id).data] == [one.id]
+
+
+def test_the_store_budget_never_removes_a_librarys_documents(tmp_path):
+    """`--store-max-gb` removes the least recently used contexts, but not those a vector store holds."""
+    with LiveServer(make_pipe(), tmp_path / "store", store_max_bytes=1) as live:
+        client = live.client()
+        made = client.files.create(file=("light1.md", text(1)), purpose="assistants")
+        store = client.vector_stores.create(name="kept")
+        kept = client.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=made.id, poll_interval_ms=50)
+        assert kept.status == "completed"
+        key = [d.key for d in live.worker.contexts.store.entries()][0]
+        for i in (5, 6):          # two chats' contexts, each over the budget: the older chat's goes
+            client.chat.completions.create(model="reform", max_tokens=2, messages=[
+                {"role": "system", "content": text(i).decode()}, {"role": "user", "content": QUESTION}])
+        assert live.worker.store.has(key) and len(live.worker.store.entries()) == 2
+        assert client.vector_stores.files.retrieve(made.id, vector_store_id=store.id).status == "completed"

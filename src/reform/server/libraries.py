@@ -41,6 +41,13 @@ class VectorStores:
         self.running: set[tuple[str, str, str]] = set()     # (scope, vector store, file) encoding here
         self.lock = threading.Lock()
         self.askers: dict[str, Library] = {}                 # tenant -> the library that answers its questions
+        self.worker.store.pinned = self.held                 # --store-max-gb never removes a library's document
+
+    def held(self) -> set[str]:
+        """The store keys of every library's documents, in every tenant's folder."""
+        store = self.worker.store
+        return {d.key for scope in store.scopes() for name in Catalog(store, scope).names()
+                for d in Catalog(store, scope, name).read()[1].values() if d.key}
 
     # ------------------------------------------------------------------ the libraries
     def library(self, tenant: Tenant, vs_id: str, *, create: bool = False) -> Library:

@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .format import ContextFileError, read_manifest, read_manifest_bytes
 
@@ -92,6 +92,8 @@ class ContextStore:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError("the store's size budget must be positive")
         self.max_bytes = max_bytes
+        # keys the size budget never removes (the documents of libraries, which a server sets here)
+        self.pinned: Callable[[], set[str]] = set
 
     @staticmethod
     def valid_key(key: str) -> bool:
@@ -274,6 +276,8 @@ class ContextStore:
             return []
         entries, removed = self.entries(), []
         total = sum(e.bytes for e in entries)
+        if total > self.max_bytes:
+            keep = set(keep) | self.pinned()
         for e in reversed(entries):
             if total <= self.max_bytes:
                 break
