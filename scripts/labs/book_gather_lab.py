@@ -16,7 +16,7 @@ from reform.documents.evidence import passages
 
 model, ctx_path, book_path, qpath = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 variants = sys.argv[5].split(",") if len(sys.argv) > 5 else None
-pipe = Pipeline.load(None if model == "smollm2" else model)
+pipe = Pipeline.load(None if model == "smollm2" else model, method="reform")   # REFORM for documents too
 if ctx_path.exists():
     ctx = pipe.load_context(ctx_path)
 else:

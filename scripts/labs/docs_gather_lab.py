@@ -28,7 +28,7 @@ from reform.methods.retrievers import BM25, Dense
 
 model, contexts, out_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 only = sys.argv[4].split(",") if len(sys.argv) > 4 else None
-pipe = Pipeline.load(None if model == "smollm2" else model)
+pipe = Pipeline.load(None if model == "smollm2" else model, method="reform")   # REFORM for documents too
 contexts.mkdir(parents=True, exist_ok=True)
 done = {(r["variant"], r["id"]) for r in map(json.loads, out_path.read_text().splitlines())} if out_path.exists() else set()
 
@@ -37,6 +37,15 @@ def variant_method(method, **options):
     m = copy.copy(method)
     m.config = dataclasses.replace(method.config, **options)
     return m
+
+
+def content(ids: torch.Tensor) -> torch.Tensor:
+    """Which question tokens carry content: not an English stop word (bm25s's list) nor punctuation alone;
+    all of them where none would be left."""
+    from bm25s.stopwords import STOPWORDS_EN
+    words = [pipe.tokenizer.decode([int(i)]).strip().lower() for i in ids]
+    keep = torch.tensor([bool(w) and w not in STOPWORDS_EN and any(ch.isalnum() for ch in w) for w in words])
+    return keep if keep.any() else torch.ones_like(keep)
 
 
 def pick(scores, c):
@@ -89,6 +98,12 @@ for name in TASKS:
                 "query_baseline=0.999": lambda: variant_method(method, query_baseline=0.999).select_scored(ctx, part, None)[0],
                 "idf-weighted": lambda: pick(max_pool((emb.float() @ query.float().T * (idf / idf.max())).amax(1),
                                                       c.pool_window), c),
+                # hubs (issue 69): QRHead's mean over the question's tokens instead of the max, and the max
+                # over its content tokens only (stop words and punctuation dropped)
+                "mean over question tokens": lambda: pick(max_pool((emb.float() @ query.float().T).mean(1),
+                                                                   c.pool_window), c),
+                "content question tokens": lambda: pick(max_pool((emb.float() @ query[content(qids)].float().T)
+                                                                 .amax(1), c.pool_window), c),
                 "reform+rag (dense, w=0.5)": lambda: pick((s["reform"] + s["dense"]) / 2, c),
                 "reform+rag (dense, w=0.3)": lambda: pick(0.7 * s["reform"] + 0.3 * s["dense"], c),
                 "reform+bm25 (w=0.5)": lambda: pick((s["reform"] + s["bm25"]) / 2, c),
