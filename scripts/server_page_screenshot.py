@@ -1,6 +1,7 @@
 """A screenshot of `reform serve`'s web page in use, for the docs: starts the server (default model, a
-fresh store), opens the page in headless Chromium (Selenium), drops the test book's PDF on it (a real drop
-event), encodes it, asks a question and saves the page once the answer and its evidence are shown.
+fresh store), opens the page in headless Chromium (Selenium), drops the test book as PDF, Word and EPUB on
+it at once (a real drop event) into its library, waits for their encodes, asks a question and saves the
+page once the answer and its evidence are shown.
 
     python scripts/server_page_screenshot.py --out docs/results/server-page.png
 """
@@ -21,6 +22,8 @@ import httpx
 BOOK = Path(__file__).resolve().parents[1] / "tests" / "data" / "documents" / "book.pdf"
 QUESTION = "What number was engraved on the silver medal?"
 DROP = (BOOK.parent / "drop.js").read_text()       # a real drop event, as the browser test makes it
+FILES = [(".pdf", "application/pdf"), (".docx", "application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
+         (".epub", "application/epub+zip")]
 
 
 def main() -> None:
@@ -53,9 +56,12 @@ def main() -> None:
             driver.get(url + "/")
             wait = WebDriverWait(driver, 600)
             import base64
-            driver.execute_script(DROP, base64.b64encode(BOOK.read_bytes()).decode(), "book.pdf", "application/pdf")
-            driver.find_element(By.ID, "upload").click()
-            wait.until(lambda d: d.find_element(By.ID, "upload-status").get_attribute("data-state"))
+            files = [[base64.b64encode(BOOK.with_suffix(suffix).read_bytes()).decode(), "book" + suffix, media]
+                     for suffix, media in FILES]
+            driver.execute_script(DROP, files)
+            wait.until(lambda d: d.execute_script(
+                "const rows = [...document.querySelectorAll('#library tbody tr')];"
+                f"return rows.length === {len(files)} && rows.every((r) => r.dataset.status !== 'in_progress')"))
             driver.find_element(By.ID, "question").send_keys(QUESTION)
             tokens = driver.find_element(By.ID, "max-tokens")
             tokens.clear()

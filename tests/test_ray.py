@@ -138,7 +138,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_serve_replicas_answer_from_one_store(cluster, load, local_pipe, tmp_path):
+@pytest.fixture(scope="module")
+def serve_port():
+    """The one port of Serve's HTTP proxy: it is started once per cluster and keeps its first port."""
+    return free_port()
+
+
+def test_two_serve_replicas_answer_from_one_store(cluster, load, local_pipe, tmp_path, serve_port):
     import httpx
     import openai
     from ray import serve
@@ -148,7 +154,7 @@ def test_two_serve_replicas_answer_from_one_store(cluster, load, local_pipe, tmp
     from reform.server import Settings
 
     store_url = str(tmp_path / "store")
-    port = free_port()
+    port = serve_port
     (tmp_path / "keys.txt").write_text("alice:key-a\nbob:key-b\n")       # every replica reads the same file
     cluster_serve.run(load, store_url, host="127.0.0.1", port=port, replicas=2, blocking=False,
                       settings=Settings(keys_file=str(tmp_path / "keys.txt")))
@@ -188,7 +194,7 @@ def test_two_serve_replicas_answer_from_one_store(cluster, load, local_pipe, tmp
         serve.delete(cluster_serve.APP_NAME)
 
 
-def test_a_library_encoded_on_ray_is_asked_by_serve_replicas(cluster, load, local_pipe, tmp_path):
+def test_a_library_encoded_on_ray_is_asked_by_serve_replicas(cluster, load, local_pipe, tmp_path, serve_port):
     """`reform encode DIR --store S --library L --ray`: the workers prepare each document (encoded, its passages
     written) and the driver enters them; `reform serve --ray` replicas then ask the library as a vector store,
     with the answer the library gives in this process."""
@@ -206,7 +212,7 @@ def test_a_library_encoded_on_ray_is_asked_by_serve_replicas(cluster, load, loca
     library = Library(local_pipe, store_url, name="harbour")
     assert [d.name for d in library.documents()] == ["doc0.txt", "doc1.txt", "doc2.txt"]
     expected = library.ask(QUESTION, max_new_tokens=8)
-    port = free_port()
+    port = serve_port
     cluster_serve.run(load, store_url, host="127.0.0.1", port=port, replicas=1, blocking=False)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)

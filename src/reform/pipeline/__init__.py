@@ -56,7 +56,7 @@ class Pipeline:
                           "text ('<context>\\n\\nQuestion: ...\\nAnswer:') and each answer ends with its first line",
                           PlainPromptWarning, stacklevel=2)
         self.eos_ids = self.templater.eos_ids(model)
-        self.method = make_method(method or "reform", self.engine, self.model_name, **method_options)
+        self.method = make_method("reform" if method is None else method, self.engine, self.model_name, **method_options)
         self.documents_method = self.method if method is not None else make_method(
             DOCUMENTS_METHOD[0], self.engine, self.model_name, **{**DOCUMENTS_METHOD[1], **method_options})
         self._identity: dict | None = None

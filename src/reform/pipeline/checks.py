@@ -33,7 +33,7 @@ def check_load(model=None, *, device=None, dtype=None, method: str | None = None
     from ..model import pick_device, pick_dtype, resolve
     if model is not None and not isinstance(model, (str, Path)):
         raise TypeError(f"model must be a hub id, folder or .gguf path, got {model!r}")
-    check_method_options(method or "reform", **options)
+    check_method_options("reform" if method is None else method, **options)
     if method is None:      # the documents method too (``Pipeline``'s policy), under the same options
         check_method_options(DOCUMENTS_METHOD[0], **{**DOCUMENTS_METHOD[1], **options})
     pick_dtype(pick_device(device), dtype)
