@@ -27,7 +27,7 @@ from ..methods.options import options_json
 from ..methods.rag import PassageIndex
 from ..methods.retrievers import Dense
 from ..store import ContextStore
-from .catalog import MADE_BY, Catalog, Document, Passages
+from .catalog import Catalog, Document, Passages
 from .gather import Gathered, gather
 from .index import LibraryIndex
 
@@ -77,10 +77,7 @@ class Library:
     def read(self) -> tuple[dict | None, dict[str, Document]]:
         """The catalog, refused in one line if another model or method made it."""
         maker, docs = self.catalog.read()
-        if maker is not None and any(maker.get(k) != self.maker[k] for k in MADE_BY):
-            what = "model" if maker.get("model") != self.maker["model"] else "documents method or its options"
-            raise ValueError(f"the library in {self.store.url} was built with another {what} ({maker.get('model_name')}, "
-                             f"{maker.get('method')}); ask it with the model and method it was built with")
+        self.catalog.check_maker(maker, self.maker)
         return maker, docs
 
     # ------------------------------------------------------------------ add and remove

@@ -139,14 +139,21 @@ class Catalog:
         unless still held. ``ValueError`` when the catalog was made by another model or method."""
         with self.lock():
             made, docs = self.read()
-            if made is not None and any(made.get(k) != maker.get(k) for k in MADE_BY):
-                raise ValueError(f"the library {self.name} was built with another model or documents method "
-                                 f"({made.get('model_name')}, {made.get('method')})")
+            self.check_maker(made, maker)
             old = {e.name: docs[e.name].key for e in entries if e.name in docs}
             docs |= {e.name: e for e in entries}
             self.write(made or maker, docs)
             for key in set(old.values()) - {e.key for e in entries}:
                 self.drop_unused(key, docs)
+
+    def check_maker(self, made: dict | None, maker: dict) -> None:
+        """Refuse (``ValueError``, one line) a library ``made`` by another model or documents method than
+        ``maker``."""
+        if made is not None and any(made.get(k) != maker.get(k) for k in MADE_BY):
+            what = "model" if made.get("model") != maker.get("model") else "documents method or its options"
+            raise ValueError(f"the library {self.name} in {self.store.url} was built with another {what} "
+                             f"({made.get('model_name')}, {made.get('method')}); use the model and method it was "
+                             "built with")
 
     def drop_unused(self, key: str, docs: dict[str, Document]) -> None:
         """Delete ``key``'s context and passages unless one of ``docs`` or another library still holds it."""
