@@ -19,6 +19,7 @@ import torch
 from ..engine.layout import QuestionPart
 from ..methods import Context, Reform, ReformRag
 from ..methods.reform import gather_indices
+from ..methods.rag import passage_token_scores
 from ..methods.reform_rag import RETRIEVERS, mixed_ranking
 
 
@@ -31,14 +32,6 @@ class Gathered:
     ctx: Context
     kept: torch.Tensor
     scores: torch.Tensor
-
-
-def passage_token_scores(scores: torch.Tensor, spans: torch.Tensor, n: int) -> torch.Tensor:
-    """Each context token gets its passage's score, and the template's tokens before the first passage the
-    mean over the passages' tokens, as ``methods.rag.PassageIndex.token_scores`` gives them."""
-    per_token = scores.repeat_interleave(spans[:, 1] - spans[:, 0])
-    prefix = int(spans[0, 0]) if spans.numel() else n
-    return torch.cat([per_token.mean().expand(prefix), per_token])[:n]
 
 
 def token_scores(method: Reform, ctx: Context, part: QuestionPart, passages: dict[str, torch.Tensor],

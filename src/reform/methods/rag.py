@@ -49,10 +49,15 @@ class PassageIndex:
 
     def token_scores(self, query: str, n: int) -> torch.Tensor:
         """Every context token gets its passage's score (template prefix tokens: the passages' mean)."""
-        per_passage = self.scores(query)
-        sizes = torch.tensor([e - s for s, e in self.spans])
-        out = per_passage.repeat_interleave(sizes)
-        return torch.cat([out.mean().expand(self.prefix), out])[:n]
+        return passage_token_scores(self.scores(query), torch.tensor(self.spans).reshape(-1, 2), n)
+
+
+def passage_token_scores(scores: torch.Tensor, spans: torch.Tensor, n: int) -> torch.Tensor:
+    """Each of ``n`` context tokens gets the score of its passage (``spans`` [P, 2], contiguous from the
+    first), and the template's tokens before the first passage the mean over the passages' tokens."""
+    per_token = scores.repeat_interleave(spans[:, 1] - spans[:, 0])
+    prefix = int(spans[0, 0]) if spans.numel() else n
+    return torch.cat([per_token.mean().expand(prefix), per_token])[:n]
 
 
 def pick_passages(scores: torch.Tensor, sizes: list[int], budget: int) -> list[int]:
