@@ -6,7 +6,7 @@ stage's latency, one JSON line per question (resumable: questions already in OUT
     python scripts/library_eval.py --store S --library manual --latency 10,100,1000 --out ...latency.jsonl
 
 The questions are those of the docs suite about ``--document`` (default postgresql-sql: 17 questions on the
-PostgreSQL 15 manual). Each question's evidence sentence is looked up in every document of the library;
+PostgreSQL 15 manual; ``--questions pages``: the 21 held-out ones, one per sampled page). Each question's evidence sentence is looked up in every document of the library;
 span recall counts it kept when every token of one of its occurrences was gathered. ``--latency`` instead
 makes libraries of the first N documents (named libraries in the same store, so nothing is encoded again)
 and times each question against each."""
@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--library", default="default")
     ap.add_argument("--model", default=None)
     ap.add_argument("--document", default="postgresql-sql")
+    ap.add_argument("--questions", default="suite", help="suite, pages or a JSON file (reform eval docs --questions)")
     ap.add_argument("--candidates", type=int, default=8)
     ap.add_argument("--latency", default=None, help="library sizes to time, e.g. 10,100,1000")
     ap.add_argument("--root", default="/usr/share/doc/postgresql-doc-15/html",
@@ -69,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     pipe = Pipeline.load(args.model)
     library = Library(pipe, args.store, name=args.library, memory=64)
-    asked = [q for q in questions() if q["document"] == args.document]
+    asked = [q for q in questions(args.questions) if q["document"] == args.document]
     out = Path(args.out)
     done = set()
     if out.exists():

@@ -31,6 +31,26 @@ def test_questions_are_many_spread_and_checkable():
         assert not any(a.lower() in q["question"].lower() for a in q["answers"]), q["id"]
 
 
+def test_the_pages_set_asks_one_page_each_and_none_the_suite_asks():
+    pages, suite = questions("pages"), questions()
+    assert len(pages) == 21 and {q["document"] for q in pages} == {"postgresql-sql"}
+    assert not {q["id"] for q in pages} & {q["id"] for q in suite}
+    for q in pages:
+        assert any(a.lower() in q["evidence"].lower() for a in q["answers"]), q["id"]
+        assert not any(a.lower() in q["question"].lower() for a in q["answers"]), q["id"]
+
+
+def test_a_bad_question_file_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "q.json"
+    for text, says in (("{", "nor a readable JSON file"), ('[{"id": "x"}]', "item 0 is not a"),
+                       ('[{"document": "nope", "id": "x", "question": "?", "answers": ["a"], "evidence": "a"}]',
+                        "with a known document"), ("[]", "the list is empty")):
+        bad.write_text(text)
+        r = CliRunner().invoke(app, ["eval", "docs", "--questions", str(bad), "--out", str(tmp_path / "run")])
+        assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_evidence_matches_across_line_breaks_and_typographic_quotes():
     text = 'It is set in ”/etc/mdadm/mdadm.conf”.\nSee   also   it’s  page.'
     assert re.search(evidence_pattern('set in "/etc/mdadm/mdadm.conf"'), text)
@@ -60,6 +80,9 @@ def test_rows_locate_each_evidence_once_with_its_page_or_section(tokenizer):
     for name in DOCUMENTS:    # questions from the first tenth of each document to its last
         depths = [r.depth for r in rows if r.task == f"docs/{name}"]
         assert min(depths) < 0.2 and max(depths) > 0.9, name
+    pages = make_docs_rows(tokenizer, question_set="pages")
+    assert len(pages) == 21 and len({r.meta["file"] for r in pages}) == 21     # one page each
+    assert all(r.task == "docs/postgresql-sql" for r in pages)
 
 
 @pytest.mark.slow

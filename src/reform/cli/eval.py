@@ -228,24 +228,28 @@ def docs(methods: str = MethodsOpt,
                                                  "postgresql-sql, python-howto (default: all three)"),
          root: Optional[Path] = typer.Option(None, "--root", help="a folder holding a copy of the documents' "
                                              "Debian paths (default: the installed packages)"),
+         question_set: str = typer.Option("suite", "--questions", help="suite (48 over three documents), pages "
+                                          "(21 on the PostgreSQL SQL pages) or a JSON file of the same shape"),
          out_dir: Optional[Path] = OutOpt, max_rows: Optional[int] = MaxRowsOpt,
          fresh: bool = FreshOpt, explain: bool = ExplainOpt, batch: int = BatchOpt,
          model: Optional[str] = ModelOpt, device: Optional[str] = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Real documents from Debian's documentation packages with 48 hand-written questions; gold recall checks
     each question's evidence span (docs/evaluation.md)."""
-    from ..eval.tasks.docs import TASKS, check_documents, make_docs_rows
+    from ..eval.tasks.docs import TASKS, check_documents, make_docs_rows, questions
     try:
-        chosen = _split(documents) or list(TASKS)
         if root is not None and not root.is_dir():
             raise CliError(f"--root folder not found: {root}")
         with refused():
+            asked = questions(question_set)
+            chosen = _split(documents) or [name for name in TASKS if any(q["document"] == name for q in asked)]
             check_documents(chosen, root)
 
         def rows_for(tokenizer):
             with refused():
-                return make_docs_rows(tokenizer, chosen, root)
+                return make_docs_rows(tokenizer, chosen, root, question_set)
         evaluate(methods, out_dir or Path("runs/eval-docs"), model, device, dtype, rows_for=rows_for,
-                 meta={"suite": "docs", "documents": chosen, "root": str(root) if root else None},
+                 meta={"suite": "docs", "documents": chosen, "questions": question_set,
+                       "root": str(root) if root else None},
                  max_rows=max_rows, force=False, fresh=fresh, explain=explain, batch=batch)
     except CliError as e:
         fail(e)

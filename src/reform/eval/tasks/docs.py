@@ -44,8 +44,30 @@ TASKS = tuple(DOCUMENTS)
 MAX_NEW_TOKENS = 48
 
 
-def questions() -> list[dict]:
-    return json.loads(resources.files(__package__).joinpath("docs_questions.json").read_text(encoding="utf-8"))
+# the question sets shipped: the suite's 48 over three documents, and 21 on the PostgreSQL SQL pages, one
+# each on every ninth page by name (a page another question already asks about gives way to the next), for
+# comparisons that need more than the suite's 17 PostgreSQL questions (docs/results/library-docs)
+QUESTION_SETS = {"suite": "docs_questions.json", "pages": "docs_questions_pages.json"}
+KEYS = ("document", "id", "question", "answers", "evidence")
+
+
+def questions(which: str | Path = "suite") -> list[dict]:
+    """A question set: a shipped one by name (``QUESTION_SETS``) or a JSON file of the same shape (a list
+    of ``{document, id, question, answers, evidence}``); a one-line ``ValueError`` for a bad one."""
+    if str(which) in QUESTION_SETS:
+        return json.loads(resources.files(__package__).joinpath(QUESTION_SETS[str(which)]).read_text(encoding="utf-8"))
+    try:
+        qs = json.loads(Path(which).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"questions {which}: not {' or '.join(QUESTION_SETS)} nor a readable JSON file ({e})") from None
+    for i, q in enumerate(qs if isinstance(qs, list) else [None]):
+        if not isinstance(q, dict) or any(k not in q for k in KEYS) or q["document"] not in DOCUMENTS \
+                or not isinstance(q["answers"], list) or not q["answers"]:
+            raise ValueError(f"questions {which}: item {i} is not a {{{', '.join(KEYS)}}} object with a known "
+                             f"document ({', '.join(TASKS)}) and a non-empty list of answers")
+    if not qs:
+        raise ValueError(f"questions {which}: the list is empty")
+    return qs
 
 
 def evidence_pattern(evidence: str) -> str:
@@ -83,13 +105,14 @@ def check_documents(documents: list[str], root: str | Path | None = None) -> Non
         read(name, root, find_only=True)
 
 
-def rows_for_document(name: str, extracted, tokenizer) -> list[Row]:
+def rows_for_document(name: str, extracted, tokenizer, asked: list[dict] | None = None) -> list[Row]:
     """One row per question about ``name``: its evidence located once in the text, its page (PDF) or
-    section (HTML) recorded, its depth the evidence's place in the text."""
+    section (HTML) recorded, its depth the evidence's place in the text. ``asked``: the question set
+    (default: the suite's)."""
     text = extracted.text
     tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
     rows = []
-    for q in (q for q in questions() if q["document"] == name):
+    for q in (q for q in (asked or questions()) if q["document"] == name):
         spans = [m.span() for m in re.finditer(evidence_pattern(q["evidence"]), text)]
         if len(spans) != 1:
             raise ValueError(f"docs question {q['id']}: its evidence occurs {len(spans)} times in {name}, not "
@@ -103,8 +126,11 @@ def rows_for_document(name: str, extracted, tokenizer) -> list[Row]:
     return rows
 
 
-def make_docs_rows(tokenizer, documents: list[str] | None = None, root: str | Path | None = None) -> list[Row]:
-    """Every question's row for ``documents`` (default: all three), in the suite's order."""
-    chosen = list(documents or TASKS)
+def make_docs_rows(tokenizer, documents: list[str] | None = None, root: str | Path | None = None,
+                   question_set: str | Path = "suite") -> list[Row]:
+    """Every question's row for ``documents`` (default: every document the question set asks about), in the
+    set's order."""
+    asked = questions(question_set)
+    chosen = list(documents or [name for name in TASKS if any(q["document"] == name for q in asked)])
     check_documents(chosen, root)
-    return [row for name in chosen for row in rows_for_document(name, read(name, root), tokenizer)]
+    return [row for name in chosen for row in rows_for_document(name, read(name, root), tokenizer, asked)]

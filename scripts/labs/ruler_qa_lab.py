@@ -1,0 +1,124 @@
+"""REFORM's gather on RULER's official qa_1 (SQuAD) and qa_2 (HotpotQA) rows, head sets against gather
+corrections, beside dense retrieval at the same budget (a lab; issue 69).
+
+    python scripts/labs/ruler_qa_lab.py MODEL LENGTH OUT.jsonl HEADS[,HEADS...] [--samples N] [--explain N]
+
+HEADS: ``shipped`` (the model's preset) or a preset JSON from ``reform heads select``. Each row's context
+is encoded once per head set (REFORM's defaults otherwise) and gathered under each variant at REFORM's
+recompute budget; nothing is generated. ``default``: REFORM as shipped; ``query_baseline=0.999``: each
+question token's 99.9th-percentile cosine over the context subtracted before the max (the hub correction,
+docs/results/hubs-lab-docs); ``rag-dense``: 128-token passages by MiniLM, head-independent (once). A row
+per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
+(``spans_kept`` over SQuAD's answer spans / HotpotQA's supporting-fact sentences); a re-run skips what is
+done. ``--explain N``: the first N rows missed by each REFORM variant get ``reform.eval.explain``'s screen
+in OUT.explain.md (the windows that outrank the evidence). The rows are ``reform eval ruler --generator
+official --seed 0``'s.
+"""
+import argparse
+import copy
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from reform import Pipeline
+from reform.eval.explain import explain, render
+from reform.eval.recall import spans_kept
+from reform.eval.tasks import ruler_official
+from reform.methods.rag import PassageIndex, pick_passages
+from reform.methods.retrievers import Dense
+
+parser = argparse.ArgumentParser()
+parser.add_argument("model")
+parser.add_argument("length", type=int)
+parser.add_argument("out", type=Path)
+parser.add_argument("heads")
+parser.add_argument("--samples", type=int, default=20)
+parser.add_argument("--explain", type=int, default=0)
+parser.add_argument("--tasks", default="qa_1,qa_2")
+args = parser.parse_args()
+model = None if args.model == "smollm2" else args.model
+done = {(r["heads"], r["variant"], r["id"]) for r in map(json.loads, args.out.read_text().splitlines())} \
+    if args.out.exists() else set()
+explained: dict[tuple[str, str], int] = {}
+screens = args.out.with_suffix(".explain.md")
+
+
+def with_options(method, **options):
+    m = copy.copy(method)
+    m.config = dataclasses.replace(method.config, **options)
+    return m
+
+
+def content_only(method, tokenizer, part, **options):
+    """``method`` with ``options`` that searches with the question's content tokens only: neither an English
+    stop word (bm25s's list) nor whitespace or punctuation alone (RULER's instruction and line breaks are
+    part of its question; all tokens where none would be left)."""
+    from bm25s.stopwords import STOPWORDS_EN
+    ids = torch.as_tensor(part.ids)[part.query_span].tolist()
+    words = [tokenizer.decode([i]).strip().lower() for i in ids]
+    keep = torch.tensor([bool(w) and w not in STOPWORDS_EN and any(ch.isalnum() for ch in w) for w in words])
+    keep = keep if keep.any() else torch.ones_like(keep)
+    m = with_options(method, **options)
+    m.query_embeddings = lambda ctx, part, full=m.query_embeddings: full(ctx, part)[keep.to(ctx.ids.device)]
+    return m
+
+
+def dense_kept(pipe, ctx, question: str):
+    index = PassageIndex.build(pipe, ctx.ids, 128, Dense())
+    budget = ctx.method.config.recompute_budget
+    chosen = pick_passages(index.scores(question), [e - s for s, e in index.spans], budget - index.prefix)
+    return torch.cat([torch.arange(index.prefix)] + [torch.arange(*index.spans[i]) for i in chosen])
+
+
+for heads in args.heads.split(","):
+    pipe = Pipeline.load(model, method="reform", **({} if heads == "shipped" else {"heads": heads}))
+    label = "shipped" if heads == "shipped" else Path(heads).stem
+    rows = [r for task in args.tasks.split(",")
+            for r in ruler_official.generate(task, pipe.tokenizer, args.length, args.samples, 0)]
+    variants = ["default", "query_baseline=0.999", "content", "content+query_baseline"] + (["rag-dense"] if heads == args.heads.split(",")[0] else [])
+    for row in rows:
+        if all((label, v, row.id) in done for v in variants):
+            continue
+        t = time.time()
+        ctx = pipe.encode(row.content())
+        encode_s = time.time() - t
+        part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
+        method = ctx.method
+        methods = {"default": method, "query_baseline=0.999": with_options(method, query_baseline=0.999),
+                   "content": content_only(method, pipe.tokenizer, part),
+                   "content+query_baseline": content_only(method, pipe.tokenizer, part, query_baseline=0.999)}
+        gathers = {**{v: (lambda m=m: m.select_scored(ctx, part, None)[0]) for v, m in methods.items()},
+                   "rag-dense": lambda: dense_kept(pipe, ctx, row.question)}
+        text = ctx.source.document.text
+        with args.out.open("a") as out:
+            for variant in variants:
+                if (label, variant, row.id) in done:
+                    continue
+                kept = gathers[variant]()
+                flags = spans_kept(ctx.source.token_starts, len(text), kept, row.meta["evidence_spans"])
+                out.write(json.dumps({"heads": label, "variant": variant, "task": row.task, "id": row.id,
+                                      "recall": sum(flags) / len(flags), "all": all(flags),
+                                      "tokens": int(kept.numel()), "encode_s": round(encode_s, 2)}) + "\n")
+                key = (label, variant)
+                if variant != "rag-dense" and not all(flags) and explained.get(key, 0) < args.explain:
+                    explained[key] = explained.get(key, 0) + 1
+                    golds = [text[a:b] for a, b in row.meta["evidence_spans"]]
+                    ctx.method = methods[variant]
+                    report = explain(ctx, part, golds, kept)
+                    ctx.method = method
+                    with screens.open("a") as f:
+                        f.write(render(f"{label} · {variant} · {row.id}", row.question, report) + "\n\n")
+        print(f"{label} {row.id}: encoded {ctx.ids.shape[0]} tokens in {encode_s:.1f} s", flush=True)
+
+results = [json.loads(line) for line in args.out.read_text().splitlines()]
+print(f"{'heads':28} {'variant':22} " + " ".join(f"{t:>22}" for t in args.tasks.split(",")))
+for key in dict.fromkeys((r["heads"], r["variant"]) for r in results):
+    cells = []
+    for task in args.tasks.split(","):
+        got = [r for r in results if (r["heads"], r["variant"]) == key and r["task"].endswith(task)]
+        mean = 100 * sum(r["recall"] for r in got) / max(len(got), 1)
+        cells.append(f"{mean:5.1f} % ({sum(r['all'] for r in got):>2}/{len(got):<2} all)")
+    print(f"{key[0]:28} {key[1]:22} " + " ".join(f"{c:>22}" for c in cells))
