@@ -258,3 +258,34 @@ def test_recall_lab_answers_rows_drawn_with_another_seed():
              for r in drawn]
     found = lab.answer_rows(type("P", (), {"tokenizer": tok})(), metas)
     assert {i: r.context for i, r in found.items()} == {r.id: r.context for r in drawn}
+
+
+def test_query_tokens_content_searches_with_the_question_words_that_carry_content():
+    """``query_tokens="content"`` drops the question's stop words, whitespace and punctuation before the max
+    (issue 69: RULER's instruction and line breaks match every document header); the tokens kept are the
+    same rows of the question's embeddings as with ``all``, and ``all`` stays the default."""
+    import sys
+    sys.path.insert(0, "tests")
+    from conftest import CharTokenizer, real_tokenizer, tiny
+    from reform.methods.options import options_json
+    from reform.methods.reform import content_tokens
+    from reform.pipeline import Pipeline
+    tok = real_tokenizer()
+    ids = tok("\n\nWhat is the magic number of the lazy dog?", add_special_tokens=False)["input_ids"]
+    words = [tok.decode([i]).strip() for i in ids]
+    kept = {w for w, k in zip(words, content_tokens(tok, ids)) if k}
+    assert {"the", "is", "?", ""} <= set(words) and kept and not kept & {"the", "is", "of", "?", ""}
+    assert content_tokens(tok, tok("the the ?", add_special_tokens=False)["input_ids"]).all()    # none: all
+    options = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=100, pool_window=9)
+    every, content = (Pipeline(tiny("llama"), CharTokenizer(), query_tokens=q, **options) for q in ("all", "content"))
+    ctx = every.encode("VAR QXZ = 4711. The grass is green. " * 12)
+    part = every.templater.question("xq !")
+    full = every.method.query_embeddings(ctx, part)
+    chars = torch.as_tensor(part.ids)[part.query_span].tolist()
+    mask = content_tokens(ctx.pipeline.tokenizer, chars)
+    tok = ctx.pipeline.tokenizer
+    assert [tok.decode([c]) for c, k in zip(chars, mask) if k] == ["x", "q"]
+    assert torch.equal(content.method.query_embeddings(ctx, part), full[mask])
+    assert every.method.config.query_tokens == "all" and "query_tokens" not in options_json(every.method.config)
+    with pytest.raises(ValueError, match="query_tokens must be all or content"):
+        Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_tokens="nouns")

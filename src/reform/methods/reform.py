@@ -64,6 +64,19 @@ def query_offsets(context: torch.Tensor, query: torch.Tensor, quantile: float, s
     return torch.quantile(picked.float() @ query.float().T, quantile, dim=0)
 
 
+QUERY_TOKENS = ("all", "content")
+
+
+def content_tokens(tokenizer, ids: list[int]) -> torch.Tensor:
+    """Which of ``ids`` (a question's tokens) carry content: decoded alone, neither an English stop word
+    (bm25s's list, as BM25 drops them) nor whitespace or punctuation alone; all of them where none would."""
+    from bm25s.stopwords import STOPWORDS_EN
+    words = [tokenizer.decode([i]).strip().lower() for i in ids]
+    keep = torch.tensor([bool(w) and w not in STOPWORDS_EN and any(ch.isalnum() for ch in w) for w in words],
+                        dtype=torch.bool)
+    return keep if keep.any() else torch.ones_like(keep)
+
+
 def ordered_run_scores(context: torch.Tensor, query: torch.Tensor, run: int, block: int = 1 << 13) -> torch.Tensor:
     """Per context token: the best mean score of ``run`` consecutive context tokens against as many
     consecutive question tokens in the same order (context token t+k against question token j+k), among
@@ -201,6 +214,10 @@ class ReformConfig:
     # so a word that matches every window (a book's recurring names) does not outscore the rare word asked
     # about. Not in the paper; off by default (docs/results/documents-debian-reference).
     query_baseline: float = field(default=0.0, metadata=added_later(0.0))
+    # which question tokens search: ``all`` (the paper), or ``content``: those that are neither an English
+    # stop word nor whitespace or punctuation alone (``content_tokens``), so a benchmark's instruction and
+    # line breaks, which match every document header, do not decide the gather (docs/results/hubs-lab-ruler)
+    query_tokens: str = field(default="all", metadata=added_later("all"))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -236,6 +253,8 @@ class ReformConfig:
             raise ValueError(f"run_peaks must be 0 (off) or a number of windows, got {self.run_peaks}")
         if not 0 <= self.query_baseline < 1:
             raise ValueError(f"query_baseline must be 0 (off) or a quantile below 1, got {self.query_baseline}")
+        if self.query_tokens not in QUERY_TOKENS:
+            raise ValueError(f"query_tokens must be {' or '.join(QUERY_TOKENS)}, got {self.query_tokens!r}")
 
 
 @register
@@ -375,4 +394,7 @@ class Reform(Method):
         query = q_emb.data[part.query_span]
         if query.shape[0] == 0:
             raise ValueError("the question has no tokens to search with")
+        if c.query_tokens == "content":
+            ids = torch.as_tensor(part.ids)[part.query_span].tolist()
+            query = query[content_tokens(ctx.pipeline.tokenizer, ids).to(query.device)]
         return query
