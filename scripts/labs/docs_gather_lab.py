@@ -96,6 +96,11 @@ for name in TASKS:
                 "default": lambda: method.select_scored(ctx, part, None)[0],
                 "paper": lambda: pick(ranking, c),
                 "query_baseline=0.999": lambda: variant_method(method, query_baseline=0.999).select_scored(ctx, part, None)[0],
+                # REFORM's query_tokens option (run_peaks kept), alone and with the baseline
+                "query_tokens=content": lambda: variant_method(method, query_tokens="content")
+                .select_scored(ctx, part, None)[0],
+                "query_tokens=content+query_baseline=0.999": lambda: variant_method(
+                    method, query_tokens="content", query_baseline=0.999).select_scored(ctx, part, None)[0],
                 "idf-weighted": lambda: pick(max_pool((emb.float() @ query.float().T * (idf / idf.max())).amax(1),
                                                       c.pool_window), c),
                 # hubs (issue 69): QRHead's mean over the question's tokens instead of the max, and the max

@@ -7,8 +7,9 @@ HEADS: ``shipped`` (the model's preset) or a preset JSON from ``reform heads sel
 is encoded once per head set (REFORM's defaults otherwise) and gathered under each variant at REFORM's
 recompute budget; nothing is generated. ``default``: REFORM as shipped; ``query_baseline=0.999``: each
 question token's 99.9th-percentile cosine over the context subtracted before the max (the hub correction,
-docs/results/hubs-lab-docs); ``rag-dense``: 128-token passages by MiniLM, head-independent (once). A row
-per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
+docs/results/hubs-lab-docs); ``content``: REFORM's ``query_tokens="content"`` (the question's stop words,
+whitespace and punctuation dropped, RULER's instruction among them), alone and with the baseline;
+``rag-dense``: 128-token passages by MiniLM, head-independent (once). A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
 (``spans_kept`` over SQuAD's answer spans / HotpotQA's supporting-fact sentences); a re-run skips what is
 done. ``--explain N``: the first N rows missed by each REFORM variant get ``reform.eval.explain``'s screen
 in OUT.explain.md (the windows that outrank the evidence). The rows are ``reform eval ruler --generator
@@ -52,20 +53,6 @@ def with_options(method, **options):
     return m
 
 
-def content_only(method, tokenizer, part, **options):
-    """``method`` with ``options`` that searches with the question's content tokens only: neither an English
-    stop word (bm25s's list) nor whitespace or punctuation alone (RULER's instruction and line breaks are
-    part of its question; all tokens where none would be left)."""
-    from bm25s.stopwords import STOPWORDS_EN
-    ids = torch.as_tensor(part.ids)[part.query_span].tolist()
-    words = [tokenizer.decode([i]).strip().lower() for i in ids]
-    keep = torch.tensor([bool(w) and w not in STOPWORDS_EN and any(ch.isalnum() for ch in w) for w in words])
-    keep = keep if keep.any() else torch.ones_like(keep)
-    m = with_options(method, **options)
-    m.query_embeddings = lambda ctx, part, full=m.query_embeddings: full(ctx, part)[keep.to(ctx.ids.device)]
-    return m
-
-
 def dense_kept(pipe, ctx, question: str):
     index = PassageIndex.build(pipe, ctx.ids, 128, Dense())
     budget = ctx.method.config.recompute_budget
@@ -88,8 +75,8 @@ for heads in args.heads.split(","):
         part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
         method = ctx.method
         methods = {"default": method, "query_baseline=0.999": with_options(method, query_baseline=0.999),
-                   "content": content_only(method, pipe.tokenizer, part),
-                   "content+query_baseline": content_only(method, pipe.tokenizer, part, query_baseline=0.999)}
+                   "content": with_options(method, query_tokens="content"),
+                   "content+query_baseline": with_options(method, query_tokens="content", query_baseline=0.999)}
         gathers = {**{v: (lambda m=m: m.select_scored(ctx, part, None)[0]) for v, m in methods.items()},
                    "rag-dense": lambda: dense_kept(pipe, ctx, row.question)}
         text = ctx.source.document.text
