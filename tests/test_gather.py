@@ -286,6 +286,9 @@ def test_query_tokens_content_searches_with_the_question_words_that_carry_conten
     tok = ctx.pipeline.tokenizer
     assert [tok.decode([c]) for c, k in zip(chars, mask) if k] == ["x", "q"]
     assert torch.equal(content.method.query_embeddings(ctx, part), full[mask])
+    from reform.eval.explain import per_token_scores
+    scores, _, texts = per_token_scores(content.encode("VAR QXZ = 4711. " * 12), part)
+    assert texts == ["x", "q"] and scores.shape[1] == 2        # --explain names the tokens that searched
     assert every.method.config.query_tokens == "all" and "query_tokens" not in options_json(every.method.config)
     with pytest.raises(ValueError, match="query_tokens must be all or content"):
         Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_tokens="nouns")

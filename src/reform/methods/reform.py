@@ -394,7 +394,11 @@ class Reform(Method):
         query = q_emb.data[part.query_span]
         if query.shape[0] == 0:
             raise ValueError("the question has no tokens to search with")
-        if c.query_tokens == "content":
-            ids = torch.as_tensor(part.ids)[part.query_span].tolist()
-            query = query[content_tokens(ctx.pipeline.tokenizer, ids).to(query.device)]
-        return query
+        return query[self.searching(ctx, part).to(query.device)]
+
+    def searching(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
+        """Which of the question's tokens (``part.query_span``) search the context, a bool mask."""
+        ids = torch.as_tensor(part.ids)[part.query_span].tolist()
+        if self.config.query_tokens == "content":
+            return content_tokens(ctx.pipeline.tokenizer, ids)
+        return torch.ones(len(ids), dtype=torch.bool)
