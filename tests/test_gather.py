@@ -263,7 +263,8 @@ def test_recall_lab_answers_rows_drawn_with_another_seed():
 def test_query_tokens_content_searches_with_the_question_words_that_carry_content():
     """``query_tokens="content"`` drops the question's stop words, whitespace and punctuation before the max
     (issue 69: RULER's instruction and line breaks match every document header); the tokens kept are the
-    same rows of the question's embeddings as with ``all``, and ``all`` stays the default."""
+    same rows of the question's embeddings as with ``all``. ``content`` is REFORM's default, and ``all``, the
+    paper's, what a context saved before the option stands for and REFORM+RAG's default."""
     import sys
     sys.path.insert(0, "tests")
     from conftest import CharTokenizer, real_tokenizer, tiny
@@ -290,5 +291,10 @@ def test_query_tokens_content_searches_with_the_question_words_that_carry_conten
     scores, _, texts = per_token_scores(content.encode("VAR QXZ = 4711. " * 12), part)
     assert texts == ["x", "q"] and scores.shape[1] == 2        # --explain names the tokens that searched
     assert every.method.config.query_tokens == "all" and "query_tokens" not in options_json(every.method.config)
+    assert Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0").method.config.query_tokens == "content"
+    assert Pipeline(tiny("llama"), CharTokenizer(), method="reform+rag", heads="1:v:0").method.config.query_tokens == "all"
+    from reform.methods.options import options_from_json
+    from reform.methods.reform import ReformConfig
+    assert options_from_json(ReformConfig, {})["query_tokens"] == "all"      # saved before: asked as it was
     with pytest.raises(ValueError, match="query_tokens must be all or content"):
         Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_tokens="nouns")

@@ -90,7 +90,8 @@ def with_rag(ctx, part, peaks: int, **options) -> torch.Tensor:
     time)."""
     c = ctx.method.config
     config = ReformRagConfig(**{f.name: getattr(c, f.name) for f in fields(c)})
-    method = ReformRag(replace(config, match_run=0, run_peaks=peaks, **options))
+    method = ReformRag(replace(config, match_run=0, run_peaks=peaks, query_tokens=ReformRagConfig().query_tokens,
+                               **options))
     built = ctx.extra.setdefault("all_passages", {})      # every retriever's index, whichever variant asked
     for kind in RETRIEVERS[method.config.retriever]:
         if kind not in built:

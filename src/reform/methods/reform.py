@@ -214,10 +214,11 @@ class ReformConfig:
     # so a word that matches every window (a book's recurring names) does not outscore the rare word asked
     # about. Not in the paper; off by default (docs/results/documents-debian-reference).
     query_baseline: float = field(default=0.0, metadata=added_later(0.0))
-    # which question tokens search: ``all`` (the paper), or ``content``: those that are neither an English
-    # stop word nor whitespace or punctuation alone (``content_tokens``), so a benchmark's instruction and
-    # line breaks, which match every document header, do not decide the gather (docs/results/hubs-lab-ruler)
-    query_tokens: str = field(default="all", metadata=added_later("all"))
+    # which question tokens search: ``all`` (the paper's), or ``content`` (the default since 2026-11-29):
+    # those that are neither an English stop word nor whitespace or punctuation alone (``content_tokens``),
+    # so the line breaks of a benchmark's instruction, which match every document header, do not decide the
+    # gather (docs/results/hubs-lab-ruler). Not in the paper.
+    query_tokens: str = field(default="content", metadata=added_later("all"))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)

@@ -54,6 +54,8 @@ class ReformRagConfig(ReformConfig):
     retriever: str = field(default="dense", metadata=added_later("dense"))
     # REFORM's run_peaks, off here by default: its recall was measured on REFORM's ranking, not on this mix
     run_peaks: int = field(default=0, metadata=added_later(0))
+    # REFORM's query_tokens, every question token here: ``content`` was measured on REFORM's ranking alone
+    query_tokens: str = field(default="all", metadata=added_later("all"))
     # the mixed passage scores max-pooled over ``pool_window`` before the mix, as REFORM pools its own token
     # scores (§3.3): a needle a few tokens past a passage boundary then scores with the passage that holds
     # its key, not with its own (docs/methods.md, "Documents"). Not in the paper; off here, on for documents
