@@ -281,8 +281,10 @@ def test_a_default_that_changed_keeps_old_files_and_runs_as_they_ran(saved, tmp_
     assert paper.context_key(ctx.ids) != pipe.context_key(ctx.ids)
     paper.encode(CONTEXT).save(tmp_path / "paper.reform")
     assert pipe.load_context(tmp_path / "paper.reform").method.config.run_peaks == 0
-    # the hash eval folders were written with before the default changed (options []), kept by run_peaks=0
+    # the hash eval folders were written with before the defaults changed (options []), kept by naming the
+    # values they ran with (run_peaks=0, and query_tokens=all, REFORM's default before 2026-11-29)
     before = "76184dbbc44a"
-    assert MethodSpec.parse("reform:run_peaks=0").config_hash("x") == before
+    assert MethodSpec.parse("reform:run_peaks=0:query_tokens=all").config_hash("x") == before
+    assert MethodSpec.parse("reform:run_peaks=0").config_hash("x") != before
     assert MethodSpec.parse("reform").config_hash("x") != before
     assert MethodSpec.parse("reform").config_hash("x") == MethodSpec.parse("reform:run_peaks=1").config_hash("x")
