@@ -309,9 +309,10 @@ class Scheduler:
 
     def queued(self, tenant: str | None = None) -> int:
         """Jobs waiting to start (``tenant``'s only, if given)."""
+        waiting = list(self.pending)      # one step under the GIL: callers off the lock may see it grow
         if tenant is None:
-            return sum(j is not None for j in self.pending)
-        return sum(j is not None and j.tenant == tenant for j in self.pending)
+            return sum(j is not None for j in waiting)
+        return sum(j is not None and j.tenant == tenant for j in waiting)
 
     def busy(self) -> bool:
         """The model thread runs a unit, has a job under way, or decodes answers."""
