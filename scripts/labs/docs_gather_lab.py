@@ -22,7 +22,7 @@ from reform import Pipeline
 from reform.eval.recall import spans_kept
 from reform.eval.tasks.docs import TASKS, make_docs_rows, read
 from reform.methods.rag import PassageIndex, pick_passages
-from reform.methods.reform import gather_indices, max_pool, token_scores
+from reform.methods.reform import content_tokens, gather_indices, max_pool, token_scores
 from reform.methods.reform_rag import standardize
 from reform.methods.retrievers import BM25, Dense
 
@@ -40,12 +40,8 @@ def variant_method(method, **options):
 
 
 def content(ids: torch.Tensor) -> torch.Tensor:
-    """Which question tokens carry content: not an English stop word (bm25s's list) nor punctuation alone;
-    all of them where none would be left."""
-    from bm25s.stopwords import STOPWORDS_EN
-    words = [pipe.tokenizer.decode([int(i)]).strip().lower() for i in ids]
-    keep = torch.tensor([bool(w) and w not in STOPWORDS_EN and any(ch.isalnum() for ch in w) for w in words])
-    return keep if keep.any() else torch.ones_like(keep)
+    """Which question tokens carry content (REFORM's ``content_tokens``)."""
+    return content_tokens(pipe.tokenizer, ids.tolist())
 
 
 def pick(scores, c):
