@@ -137,7 +137,8 @@ def test_run_eval_records_recall(tmp_path):
     assert by[wide]["reading_misses"] == 3 and by[wide]["recall"] == 1.0
 
 
-def test_explain_accounts_for_every_miss(tmp_path):
+@pytest.mark.parametrize("aggregate", ["max", "maxsim"])
+def test_explain_accounts_for_every_miss(tmp_path, aggregate):
     """``--explain``: each retrieval miss gets the gather's view of its gold strings, and the view agrees
     with what was gathered: a missed string scores no higher than the last gathered token, would need a
     larger budget, and what outranks it scores above it. Five 12-character golds cannot all fit a budget
@@ -149,7 +150,7 @@ def test_explain_accounts_for_every_miss(tmp_path):
     rows = [Row(context, "Which codes?", golds, "t", 1, sample=0, max_new_tokens=2)]
     loaded = LoadedModel(tiny(), CharTokenizer(), "tiny")
     method = ("reform", dict(heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96, recompute_budget=64,
-                             gather_keep=8, pool_window=9))
+                             gather_keep=8, pool_window=9, query_aggregate=aggregate))
     run_eval(rows, methods=[method], out_dir=tmp_path, model_name="tiny", loader=lambda: loaded,
              scorer=lambda row, p: 0.0, plots=False, explain=True)
     rec = json.loads((tmp_path / "predictions.jsonl").read_text().splitlines()[0])

@@ -298,3 +298,50 @@ def test_query_tokens_content_searches_with_the_question_words_that_carry_conten
     assert options_from_json(ReformConfig, {})["query_tokens"] == "all"      # saved before: asked as it was
     with pytest.raises(ValueError, match="query_tokens must be all or content"):
         Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_tokens="nouns")
+
+
+def test_maxsim_ranks_the_window_with_most_question_words_above_a_one_word_hub():
+    """``query_aggregate="maxsim"``: a window scores by the mean over question tokens of each one's best
+    cosine in it (ColBERT's MaxSim over the pooling window). A header repeated through the context matches
+    one question word exactly, and the paper's max ranks it with the answer; the window holding the
+    question's three words wins under maxsim. Blockwise equals the per-token definition."""
+    from reform.methods.reform import window_maxsim
+    n, window = 3000, 9
+    query = torch.eye(3)                       # three question words, orthogonal
+    context = torch.zeros(n, 3)
+    context[::200, 0] = 1.0                    # the hub: word 0 exactly, every 200 tokens
+    answer = 1500 + 3
+    context[answer - 2] = torch.tensor([0.0, 0.8, 0.0])
+    context[answer] = torch.tensor([0.7, 0.0, 0.0])
+    context[answer + 2] = torch.tensor([0.0, 0.0, 0.8])
+    paper = max_pool(token_scores(context, query), window)
+    assert paper[answer] < paper[0]            # the hub's windows outrank the answer's
+    scores = window_maxsim(context, query, window, block=64)
+    assert int(scores.argmax()) in range(answer - 2, answer + 3) and scores.max() > scores[0] + 0.3
+    sim = context @ query.T
+    ref = torch.stack([max_pool(sim[:, j].contiguous(), window) for j in range(3)], 1).mean(1)
+    torch.testing.assert_close(scores, ref)
+    weighted = window_maxsim(context, query, window, torch.tensor([0.0, 1.0, 1.0]))
+    torch.testing.assert_close(weighted, torch.stack(
+        [max_pool(sim[:, j].contiguous(), window) for j in (1, 2)], 1).mean(1))
+
+
+def test_query_aggregate_maxsim_is_an_option_older_contexts_read_as_max():
+    import sys
+    sys.path.insert(0, "tests")
+    from conftest import CharTokenizer, tiny
+    from reform.methods.options import options_from_json
+    from reform.methods.reform import ReformConfig, window_maxsim
+    from reform.pipeline import Pipeline
+    assert options_from_json(ReformConfig, {}).get("query_aggregate", "max") == "max"
+    options = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=100, pool_window=9)
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), query_aggregate="maxsim", **options)
+    ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 12)
+    part = pipe.templater.question("xq !")
+    query = pipe.method.query_embeddings(ctx, part)
+    torch.testing.assert_close(pipe.method.ranking(ctx, part, query), window_maxsim(ctx.state.data, query, 9))
+    assert ctx.ask("xq !", max_new_tokens=2).kept.numel() == 100
+    for bad, match in (({"query_aggregate": "mean"}, "query_aggregate must be max or maxsim"),
+                       ({"query_aggregate": "maxsim", "query_baseline": 0.9}, "does not combine")):
+        with pytest.raises(ValueError, match=match):
+            Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", **bad)

@@ -22,7 +22,8 @@ from reform import Pipeline
 from reform.eval.recall import spans_kept
 from reform.eval.tasks.docs import TASKS, make_docs_rows, read
 from reform.methods.rag import PassageIndex, pick_passages
-from reform.methods.reform import content_tokens, gather_indices, max_pool, token_scores
+from reform.methods.reform import (content_tokens, gather_indices, max_pool, raise_run_windows, ordered_run_scores,
+                                   token_scores, window_maxsim, PEAK_RUN)
 from reform.methods.reform_rag import standardize
 from reform.methods.retrievers import BM25, Dense
 
@@ -46,6 +47,11 @@ def content(ids: torch.Tensor) -> torch.Tensor:
 
 def pick(scores, c):
     return gather_indices(scores, c.recompute_budget, c.gather_keep, c.gather_keep)
+
+
+def peaks(scores, query, c):
+    raise_run_windows(scores, ordered_run_scores(emb, query, PEAK_RUN), c, c.run_peaks, only_missed=True)
+    return scores
 
 
 def passages_kept(index: PassageIndex, scores: torch.Tensor, budget: int) -> torch.Tensor:
@@ -87,6 +93,7 @@ for name in TASKS:
             bm25_tokens = bm25.token_scores(question, ranking.shape[0]).to(ranking)
             qids = torch.as_tensor(part.ids)[part.query_span].cpu()
             idf = torch.log(ctx.ids.shape[0] / (1.0 + counts[qids.clamp_max(counts.numel() - 1)]))
+            cq, cidf = query[content(qids)], idf[content(qids)]     # the content tokens (query holds all)
             s = {"reform": standardize(ranking), "dense": standardize(dense_tokens), "bm25": standardize(bm25_tokens)}
             kept = {       # each variant computed only when asked for
                 "default": lambda: method.select_scored(ctx, part, None)[0],
@@ -111,6 +118,12 @@ for name in TASKS:
                 "reform+dense+bm25 (1/3 each)": lambda: pick((s["reform"] + s["dense"] + s["bm25"]) / 3, c),
                 # reform+rag:retriever=dense+bm25 at its default weight 0.5: REFORM 1/2, each retriever 1/4
                 "reform+rag retriever=dense+bm25 (w=0.5)": lambda: pick(s["reform"] / 2 + (s["dense"] + s["bm25"]) / 4, c),
+                # ColBERT's MaxSim over REFORM's window: the mean over question tokens of each one's best
+                # cosine in the window, plain and IDF-weighted (the context's own token counts)
+                "maxsim": lambda: pick(window_maxsim(emb, cq, c.pool_window), c),
+                "maxsim-idf": lambda: pick(window_maxsim(emb, cq, c.pool_window, cidf.clamp_min(0.1)), c),
+                "maxsim+peaks": lambda: pick(peaks(window_maxsim(emb, cq, c.pool_window), cq, c), c),
+                "maxsim-idf+peaks": lambda: pick(peaks(window_maxsim(emb, cq, c.pool_window, cidf.clamp_min(0.1)), cq, c), c),
                 "rag-dense": lambda: passages_kept(dense, dense.scores(question), c.recompute_budget),
                 "rag-bm25": lambda: passages_kept(bm25, bm25.scores(question), c.recompute_budget),
                 "default, 2x budget": lambda: variant_method(method, recompute_budget=2 * c.recompute_budget)

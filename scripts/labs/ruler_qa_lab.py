@@ -2,6 +2,7 @@
 corrections, beside dense retrieval at the same budget (a lab; issue 69).
 
     python scripts/labs/ruler_qa_lab.py MODEL LENGTH OUT.jsonl HEADS[,HEADS...] [--samples N] [--explain N]
+        [--variants V,V,...]
 
 HEADS: ``shipped`` (the model's preset) or a preset JSON from ``reform heads select``. Each row's context
 is encoded once per head set (REFORM's defaults otherwise) and gathered under each variant at REFORM's
@@ -9,7 +10,8 @@ recompute budget; nothing is generated. ``default``: REFORM as shipped; ``query_
 question token's 99.9th-percentile cosine over the context subtracted before the max (the hub correction,
 docs/results/hubs-lab-docs); ``content``: REFORM's ``query_tokens="content"`` (the question's stop words,
 whitespace and punctuation dropped, RULER's instruction among them), alone and with the baseline;
-``rag-dense``: 128-token passages by MiniLM, head-independent (once). A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
+``rag-dense``: 128-token passages by MiniLM, head-independent (once). ``--variants``: instead of those,
+REFORM options joined by ``+`` (``query_aggregate=maxsim+query_tokens=all``), ``default`` and ``rag-dense``. A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
 (``spans_kept`` over SQuAD's answer spans / HotpotQA's supporting-fact sentences); a re-run skips what is
 done. ``--explain N``: the first N rows missed by each REFORM variant get ``reform.eval.explain``'s screen
 in OUT.explain.md (the windows that outrank the evidence). The rows are ``reform eval ruler --generator
@@ -39,6 +41,7 @@ parser.add_argument("heads")
 parser.add_argument("--samples", type=int, default=20)
 parser.add_argument("--explain", type=int, default=0)
 parser.add_argument("--tasks", default="qa_1,qa_2")
+parser.add_argument("--variants", default="default,query_baseline=0.999,content,content+query_baseline,rag-dense")
 args = parser.parse_args()
 model = None if args.model == "smollm2" else args.model
 done = {(r["heads"], r["variant"], r["id"]) for r in map(json.loads, args.out.read_text().splitlines())} \
@@ -53,6 +56,18 @@ def with_options(method, **options):
     return m
 
 
+NAMED = {"default": {}, "content": {"query_tokens": "content"},
+         "content+query_baseline": {"query_tokens": "content", "query_baseline": 0.999}}
+
+
+def options(variant: str) -> dict:
+    """A variant's REFORM options: a named one, or ``key=value`` pairs joined by ``+``."""
+    if variant in NAMED:
+        return NAMED[variant]
+    pairs = dict(p.split("=", 1) for p in variant.split("+"))
+    return {k: (float(v) if k == "query_baseline" else int(v) if v.isdigit() else v) for k, v in pairs.items()}
+
+
 def dense_kept(pipe, ctx, question: str):
     index = PassageIndex.build(pipe, ctx.ids, 128, Dense())
     budget = ctx.method.config.recompute_budget
@@ -65,7 +80,7 @@ for heads in args.heads.split(","):
     label = "shipped" if heads == "shipped" else Path(heads).stem
     rows = [r for task in args.tasks.split(",")
             for r in ruler_official.generate(task, pipe.tokenizer, args.length, args.samples, 0)]
-    variants = ["default", "query_baseline=0.999", "content", "content+query_baseline"] + (["rag-dense"] if heads == args.heads.split(",")[0] else [])
+    variants = [v for v in args.variants.split(",") if v != "rag-dense" or heads == args.heads.split(",")[0]]
     for row in rows:
         if all((label, v, row.id) in done for v in variants):
             continue
@@ -74,9 +89,7 @@ for heads in args.heads.split(","):
         encode_s = time.time() - t
         part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
         method = ctx.method
-        methods = {"default": method, "query_baseline=0.999": with_options(method, query_baseline=0.999),
-                   "content": with_options(method, query_tokens="content"),
-                   "content+query_baseline": with_options(method, query_tokens="content", query_baseline=0.999)}
+        methods = {v: with_options(method, **options(v)) for v in variants if v != "rag-dense"}
         gathers = {**{v: (lambda m=m: m.select_scored(ctx, part, None)[0]) for v, m in methods.items()},
                    "rag-dense": lambda: dense_kept(pipe, ctx, row.question)}
         text = ctx.source.document.text

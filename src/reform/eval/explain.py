@@ -12,7 +12,8 @@ kept. For a missed one this says:
 - **which question tokens** score it best, and **which heads**: per head, the best cosine into the string
   and how many context tokens that head scores higher (its rank);
 - **what outranks it**: the best-scoring windows above it (their text, depth, the question token that
-  scores them, and whether they hold another gold string).
+  scores them, and whether they hold another gold string); under ``query_aggregate="maxsim"`` the peaks
+  are the pooled window scores and the token named is the question token that window matches best.
 
 Works for every method with gather scores (``scores(ctx, part)``: REFORM, REFORM+RAG, ILRe); the
 question-token, per-head and outranking lines need REFORM's retrieval embeddings (``query_embeddings``;
@@ -90,9 +91,11 @@ def explain(ctx, part, golds: Sequence[str], kept: torch.Tensor) -> dict:
         out["golds"].append(entry)
     lowest = min((g["score"] for g in out["golds"] if g.get("found") and not g["kept"]), default=None)
     if per_token is not None and lowest is not None:
-        raw = per_token.amax(dim=1)
+        maxsim = getattr(c, "query_aggregate", "max") == "maxsim"     # windows scored whole: peaks of pooled
+        raw = pooled if maxsim else per_token.amax(dim=1)
         for p in distinct_peaks(raw, window, PEAKS, forced, floor=lowest):
-            q = int(per_token[p].argmax())
+            around = per_token[max(0, p - window // 2):p + window // 2 + 1] if maxsim else per_token[p:p + 1]
+            q = int(around.amax(dim=0).argmax())
             out["peaks"].append({"at": p, "depth": round(p / n, 4), "score": round(float(raw[p]), 4),
                                  "query_token": query_text[q],
                                  "gold": next((golds[i] for i, s in enumerate(spans) if s is not None and p in s), None),

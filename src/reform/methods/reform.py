@@ -64,7 +64,29 @@ def query_offsets(context: torch.Tensor, query: torch.Tensor, quantile: float, s
     return torch.quantile(picked.float() @ query.float().T, quantile, dim=0)
 
 
+def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weights: torch.Tensor | None = None,
+                   block: int = 1 << 15) -> torch.Tensor:
+    """Per context token: the mean over query tokens of each query token's best cosine within the ``window``
+    (odd) tokens centred on it, weighted by ``weights`` [Q] when given: ColBERT's MaxSim (Khattab and
+    Zaharia, SIGIR 2020) over a sliding window, so a window scores by how many of the question's words it
+    matches, not by its single best match. Same scale as ``token_scores``. Blockwise over N with a halo of
+    ``window // 2`` tokens, never the whole [N, Q] matrix."""
+    n, half = context.shape[0], window // 2
+    q = query.float().T
+    w = torch.ones(q.shape[1]) if weights is None else weights.float()
+    w = (w / w.sum()).to(context.device)
+    out = torch.empty(n, dtype=torch.float32, device=context.device)
+    for s in range(0, n, block):
+        lo, hi = max(0, s - half), min(n, s + block + half)
+        sim = context[lo:hi].float() @ q                                         # [b + 2 half, Q]
+        pooled = F.max_pool1d(sim.T[None], window, 1, padding=half)[0]          # [Q, b + 2 half]
+        e = min(n, s + block)
+        out[s:e] = w @ pooled[:, s - lo:e - lo]
+    return out
+
+
 QUERY_TOKENS = ("all", "content")
+QUERY_AGGREGATES = ("max", "maxsim")
 
 
 def content_tokens(tokenizer, ids: list[int]) -> torch.Tensor:
@@ -219,6 +241,11 @@ class ReformConfig:
     # so the line breaks of a benchmark's instruction, which match every document header, do not decide the
     # gather (docs/results/hubs-lab-ruler). Not in the paper.
     query_tokens: str = field(default="content", metadata=added_later("all"))
+    # how a window's score combines the question tokens: ``max`` (the paper's: the best cosine to any of
+    # them, then max-pooled), or ``maxsim``: the mean over question tokens of each one's best cosine in the
+    # window (``window_maxsim``), so the window that holds most of the question's words wins, not the one
+    # word that matches a recurring header best (docs/results/gather-maxsim). Not in the paper.
+    query_aggregate: str = field(default="max", metadata=added_later("max"))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -254,6 +281,11 @@ class ReformConfig:
             raise ValueError(f"run_peaks must be 0 (off) or a number of windows, got {self.run_peaks}")
         if not 0 <= self.query_baseline < 1:
             raise ValueError(f"query_baseline must be 0 (off) or a quantile below 1, got {self.query_baseline}")
+        if self.query_aggregate not in QUERY_AGGREGATES:
+            raise ValueError(f"query_aggregate must be {' or '.join(QUERY_AGGREGATES)}, got {self.query_aggregate!r}")
+        if self.query_aggregate == "maxsim" and (self.query_baseline or self.match_run):
+            raise ValueError("query_aggregate=maxsim scores windows, not tokens: it does not combine with "
+                             "query_baseline or match_run")
         if self.query_tokens not in QUERY_TOKENS:
             raise ValueError(f"query_tokens must be {' or '.join(QUERY_TOKENS)}, got {self.query_tokens!r}")
 
@@ -370,7 +402,10 @@ class Reform(Method):
         return scores
 
     def ranking(self, ctx: Context, part: QuestionPart, query: torch.Tensor) -> torch.Tensor:
-        """The paper's scores (§3.3): max-pooled cosine to the question tokens."""
+        """The paper's scores (§3.3): max-pooled cosine to the question tokens; with
+        ``query_aggregate="maxsim"``, each window's mean over the question tokens of their best cosine."""
+        if self.config.query_aggregate == "maxsim":
+            return window_maxsim(ctx.state.data, query, self.config.pool_window)
         return max_pool(self.similarities(ctx, part, query), self.config.pool_window)
 
     def similarities(self, ctx: Context, part: QuestionPart, query: torch.Tensor | None = None) -> torch.Tensor:
