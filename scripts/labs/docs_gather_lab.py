@@ -24,7 +24,7 @@ from reform.eval.tasks.docs import TASKS, make_docs_rows, read
 from reform.methods.rag import PassageIndex, pick_passages
 from reform.methods.reform import (content_tokens, gather_indices, max_pool, raise_run_windows, ordered_run_scores,
                                    token_scores, window_maxsim, PEAK_RUN)
-from reform.methods.reform_rag import standardize
+from reform.methods.reform_rag import mixed_ranking, standardize
 from reform.methods.retrievers import BM25, Dense
 
 model, contexts, out_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
@@ -122,8 +122,21 @@ for name in TASKS:
                 # cosine in the window, plain and IDF-weighted (the context's own token counts)
                 "maxsim": lambda: pick(window_maxsim(emb, cq, c.pool_window), c),
                 "maxsim-idf": lambda: pick(window_maxsim(emb, cq, c.pool_window, cidf.clamp_min(0.1)), c),
+                "maxsim top3": lambda: pick(window_maxsim(emb, cq, c.pool_window, top=3), c),
+                "maxsim top4": lambda: pick(window_maxsim(emb, cq, c.pool_window, top=4), c),
+                "maxsim top5": lambda: pick(window_maxsim(emb, cq, c.pool_window, top=5), c),
+                "max+maxsim": lambda: pick(standardize(max_pool((emb.float() @ cq.float().T).amax(1), c.pool_window))
+                                           + standardize(window_maxsim(emb, cq, c.pool_window)), c),
+                "maxsim top2": lambda: pick(window_maxsim(emb, cq, c.pool_window, top=2), c),
+                "maxsim-idf top3": lambda: pick(window_maxsim(emb, cq, c.pool_window, cidf.clamp_min(0.1), top=3), c),
                 "maxsim+peaks": lambda: pick(peaks(window_maxsim(emb, cq, c.pool_window), cq, c), c),
                 "maxsim-idf+peaks": lambda: pick(peaks(window_maxsim(emb, cq, c.pool_window, cidf.clamp_min(0.1)), cq, c), c),
+                # the documents default (reform+rag:retriever=dense+bm25:pool_passages=true), and the same mix
+                # over REFORM's maxsim ranking of the content tokens
+                "documents default": lambda: pick(mixed_ranking(ranking, [dense_tokens, bm25_tokens], 0.5,
+                                                                c.pool_window), c),
+                "documents default (maxsim)": lambda: pick(mixed_ranking(window_maxsim(emb, cq, c.pool_window),
+                                                                        [dense_tokens, bm25_tokens], 0.5, c.pool_window), c),
                 "rag-dense": lambda: passages_kept(dense, dense.scores(question), c.recompute_budget),
                 "rag-bm25": lambda: passages_kept(bm25, bm25.scores(question), c.recompute_budget),
                 "default, 2x budget": lambda: variant_method(method, recompute_budget=2 * c.recompute_budget)

@@ -2,7 +2,7 @@
 corrections, beside dense retrieval at the same budget (a lab; issue 69).
 
     python scripts/labs/ruler_qa_lab.py MODEL LENGTH OUT.jsonl HEADS[,HEADS...] [--samples N] [--explain N]
-        [--variants V,V,...]
+        [--variants V,V,...] [--contexts DIR]
 
 HEADS: ``shipped`` (the model's preset) or a preset JSON from ``reform heads select``. Each row's context
 is encoded once per head set (REFORM's defaults otherwise) and gathered under each variant at REFORM's
@@ -41,6 +41,7 @@ parser.add_argument("heads")
 parser.add_argument("--samples", type=int, default=20)
 parser.add_argument("--explain", type=int, default=0)
 parser.add_argument("--tasks", default="qa_1,qa_2")
+parser.add_argument("--contexts", type=Path, help="save each encoded context here and read it back on a re-run")
 parser.add_argument("--variants", default="default,query_baseline=0.999,content,content+query_baseline,rag-dense")
 args = parser.parse_args()
 model = None if args.model == "smollm2" else args.model
@@ -84,9 +85,16 @@ for heads in args.heads.split(","):
     for row in rows:
         if all((label, v, row.id) in done for v in variants):
             continue
-        t = time.time()
-        ctx = pipe.encode(row.content())
-        encode_s = time.time() - t
+        saved = args.contexts / label / f"{row.id.replace('/', '_')}.reform" if args.contexts else None
+        if saved is not None and saved.exists():
+            ctx, encode_s = pipe.load_context(saved), None      # timed in the run that encoded it
+        else:
+            t = time.time()
+            ctx = pipe.encode(row.content())
+            encode_s = time.time() - t
+            if saved is not None:
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                ctx.save(saved)
         part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
         method = ctx.method
         methods = {v: with_options(method, **options(v)) for v in variants if v != "rag-dense"}
@@ -101,7 +109,7 @@ for heads in args.heads.split(","):
                 flags = spans_kept(ctx.source.token_starts, len(text), kept, row.meta["evidence_spans"])
                 out.write(json.dumps({"heads": label, "variant": variant, "task": row.task, "id": row.id,
                                       "recall": sum(flags) / len(flags), "all": all(flags),
-                                      "tokens": int(kept.numel()), "encode_s": round(encode_s, 2)}) + "\n")
+                                      "tokens": int(kept.numel()), "encode_s": encode_s and round(encode_s, 2)}) + "\n")
                 key = (label, variant)
                 if variant != "rag-dense" and not all(flags) and explained.get(key, 0) < args.explain:
                     explained[key] = explained.get(key, 0) + 1
@@ -111,7 +119,7 @@ for heads in args.heads.split(","):
                     ctx.method = method
                     with screens.open("a") as f:
                         f.write(render(f"{label} · {variant} · {row.id}", row.question, report) + "\n\n")
-        print(f"{label} {row.id}: encoded {ctx.ids.shape[0]} tokens in {encode_s:.1f} s", flush=True)
+        print(f"{label} {row.id}: {ctx.ids.shape[0]} tokens, " + ("read back" if encode_s is None else f"encoded in {encode_s:.1f} s"), flush=True)
 
 results = [json.loads(line) for line in args.out.read_text().splitlines()]
 print(f"{'heads':28} {'variant':22} " + " ".join(f"{t:>22}" for t in args.tasks.split(",")))

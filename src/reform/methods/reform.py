@@ -65,7 +65,7 @@ def query_offsets(context: torch.Tensor, query: torch.Tensor, quantile: float, s
 
 
 def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weights: torch.Tensor | None = None,
-                   block: int = 1 << 15) -> torch.Tensor:
+                  top: int = 0, block: int = 1 << 15) -> torch.Tensor:
     """Per context token: the mean over query tokens of each query token's best cosine within the ``window``
     (odd) tokens centred on it, weighted by ``weights`` [Q] when given: ColBERT's MaxSim (Khattab and
     Zaharia, SIGIR 2020) over a sliding window, so a window scores by how many of the question's words it
@@ -81,12 +81,13 @@ def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weigh
         sim = context[lo:hi].float() @ q                                         # [b + 2 half, Q]
         pooled = F.max_pool1d(sim.T[None], window, 1, padding=half)[0]          # [Q, b + 2 half]
         e = min(n, s + block)
-        out[s:e] = w @ pooled[:, s - lo:e - lo]
+        pooled = pooled[:, s - lo:e - lo] * w[:, None] * q.shape[1]
+        out[s:e] = pooled.topk(min(top, q.shape[1]), dim=0).values.mean(0) if top else pooled.mean(0)
     return out
 
 
 QUERY_TOKENS = ("all", "content")
-QUERY_AGGREGATES = ("max", "maxsim")
+QUERY_AGGREGATES = ("max", "maxsim", "hybrid")
 
 
 def content_tokens(tokenizer, ids: list[int]) -> torch.Tensor:
@@ -246,6 +247,8 @@ class ReformConfig:
     # window (``window_maxsim``), so the window that holds most of the question's words wins, not the one
     # word that matches a recurring header best (docs/results/gather-maxsim). Not in the paper.
     query_aggregate: str = field(default="max", metadata=added_later("max"))
+    maxsim_top: int = field(default=0, metadata=added_later(0))
+    query_weights: str = field(default="none", metadata=added_later("none"))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -404,8 +407,18 @@ class Reform(Method):
     def ranking(self, ctx: Context, part: QuestionPart, query: torch.Tensor) -> torch.Tensor:
         """The paper's scores (§3.3): max-pooled cosine to the question tokens; with
         ``query_aggregate="maxsim"``, each window's mean over the question tokens of their best cosine."""
-        if self.config.query_aggregate == "maxsim":
-            return window_maxsim(ctx.state.data, query, self.config.pool_window)
+        c = self.config
+        if c.query_aggregate == "hybrid":
+            z = lambda x: (x - x.mean()) / x.std().clamp_min(1e-6)
+            return z(max_pool(self.similarities(ctx, part, query), c.pool_window)) + z(
+                window_maxsim(ctx.state.data, query, c.pool_window, None, c.maxsim_top))
+        if c.query_aggregate == "maxsim":
+            weights = None
+            if c.query_weights == "idf":
+                counts = torch.bincount(ctx.ids.cpu(), minlength=ctx.pipeline.engine.vocab).float()
+                asked = torch.as_tensor(part.ids)[part.query_span][self.searching(ctx, part)]
+                weights = torch.log(ctx.ids.shape[0] / (1.0 + counts[asked])).clamp_min(0.1)
+            return window_maxsim(ctx.state.data, query, c.pool_window, weights, c.maxsim_top)
         return max_pool(self.similarities(ctx, part, query), self.config.pool_window)
 
     def similarities(self, ctx: Context, part: QuestionPart, query: torch.Tensor | None = None) -> torch.Tensor:
