@@ -264,15 +264,15 @@ def test_passage_token_scores_cover_every_context_token():
 
 def test_reform_rag_weight_zero_selects_what_reform_selects(tokenizer):
     opts = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=200)
-    # the hybrid's defaults: the paper's gather, every question token searching
-    reform = Pipeline(tiny(), TextTokenizer(), run_peaks=0, query_tokens="all", **opts)
+    # the hybrid's defaults: the paper's gather, every question token searching, their max
+    reform = Pipeline(tiny(), TextTokenizer(), run_peaks=0, query_tokens="all", query_aggregate="max", **opts)
     hybrid = Pipeline(tiny(), TextTokenizer(), method="reform+rag", weight=0.0, **opts)
     part = reform.templater.question(QUESTION)
     picks = [p.method.select(p.encode(CONTEXT), part, Timer()) for p in (reform, hybrid)]
     assert torch.equal(*picks)
     # run_peaks is shared: it lifts what the hybrid's own ranking misses, here the same as REFORM's
     peaks = [Pipeline(tiny(), TextTokenizer(), method=m, run_peaks=1, **opts, **extra) for m, extra in
-             (("reform", {"query_tokens": "all"}), ("reform+rag", {"weight": 0.0}))]
+             (("reform", {"query_tokens": "all", "query_aggregate": "max"}), ("reform+rag", {"weight": 0.0}))]
     picks = [p.method.select(p.encode(CONTEXT), part, Timer()) for p in peaks]
     assert torch.equal(*picks)
 

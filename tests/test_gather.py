@@ -90,7 +90,7 @@ def test_gather_variants_keep_the_budget_and_the_ends():
     from gather_variants import VARIANTS
     from reform.pipeline import Pipeline
     pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0,2:q:3,1:k:1", chunk_size=64, cache_budget=96,
-                    recompute_budget=100, gather_keep=8, pool_window=9)
+                    recompute_budget=100, gather_keep=8, pool_window=9, query_aggregate="max")
     text = "VAR QXZ = 4711. The grass is green. " * 6 + "VAR KWY = VAR QXZ. The sky is blue. " * 6
     ctx = pipe.encode(text)
     part = pipe.templater.question("Which variables hold 4711?")
@@ -99,7 +99,8 @@ def test_gather_variants_keep_the_budget_and_the_ends():
         kept = variant(ctx, part)
         assert kept.numel() == 100 and torch.equal(kept, torch.sort(torch.unique(kept)).values), name
         assert set(range(8)) | set(range(n - 8, n)) <= set(kept.tolist()), name
-    # the default gather is run_peaks=1; "paper" is the paper's whatever the context was encoded with
+    # on a max context the default gather is run_peaks=1; "paper" is the paper's whatever the context was
+    # encoded with
     assert torch.equal(VARIANTS["runpeaks1"](ctx, part), ctx.method.select(ctx, part, None))
     from dataclasses import replace
     paper = type(ctx.method)(replace(ctx.method.config, run_peaks=0))
@@ -200,8 +201,8 @@ def test_query_baseline_lets_a_rare_question_word_outscore_one_that_matches_ever
     from conftest import CharTokenizer, tiny
     from reform import Pipeline
     with pytest.raises(ValueError, match="query_baseline"):
-        Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=1.0)
-    pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=0.99)
+        Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=1.0, query_aggregate="max")
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", query_baseline=0.99, query_aggregate="max")
     assert options_json(pipe.method.config)["query_baseline"] == 0.99
 
 
@@ -326,22 +327,64 @@ def test_maxsim_ranks_the_window_with_most_question_words_above_a_one_word_hub()
         [max_pool(sim[:, j].contiguous(), window) for j in (1, 2)], 1).mean(1))
 
 
-def test_query_aggregate_maxsim_is_an_option_older_contexts_read_as_max():
+def test_query_aggregate_maxsim_is_the_default_and_older_contexts_read_as_max():
+    """``maxsim`` is REFORM's default since 2026-11-29; a context saved before it (no ``query_aggregate`` in
+    its options) is asked with the paper's max, and REFORM+RAG keeps the max. ``maxsim_top`` takes the mean
+    over each window's best question tokens only."""
     import sys
     sys.path.insert(0, "tests")
     from conftest import CharTokenizer, tiny
     from reform.methods.options import options_from_json
     from reform.methods.reform import ReformConfig, window_maxsim
     from reform.pipeline import Pipeline
-    assert options_from_json(ReformConfig, {}).get("query_aggregate", "max") == "max"
+    assert options_from_json(ReformConfig, {})["query_aggregate"] == "max"
     options = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=100, pool_window=9)
-    pipe = Pipeline(tiny("llama"), CharTokenizer(), query_aggregate="maxsim", **options)
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), **options)
+    assert pipe.method.config.query_aggregate == "maxsim"
+    assert Pipeline(tiny("llama"), CharTokenizer(), method="reform+rag", **options).method.config.query_aggregate == "max"
     ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 12)
     part = pipe.templater.question("xq !")
     query = pipe.method.query_embeddings(ctx, part)
     torch.testing.assert_close(pipe.method.ranking(ctx, part, query), window_maxsim(ctx.state.data, query, 9))
     assert ctx.ask("xq !", max_new_tokens=2).kept.numel() == 100
+    top = Pipeline(tiny("llama"), CharTokenizer(), maxsim_top=1, **options).method
+    torch.testing.assert_close(top.ranking(ctx, part, query), window_maxsim(ctx.state.data, query, 9, top=1))
+    torch.testing.assert_close(window_maxsim(ctx.state.data, query, 9, top=1),       # the best one: the paper's
+                               max_pool(token_scores(ctx.state.data, query), 9))
     for bad, match in (({"query_aggregate": "mean"}, "query_aggregate must be max or maxsim"),
-                       ({"query_aggregate": "maxsim", "query_baseline": 0.9}, "does not combine")):
+                       ({"query_baseline": 0.9}, "use them with query_aggregate=max"),
+                       ({"match_run": 4}, "use them with query_aggregate=max"),
+                       ({"maxsim_top": -1}, "maxsim_top of reform cannot be negative")):
         with pytest.raises(ValueError, match=match):
             Pipeline(tiny("llama"), CharTokenizer(), heads="1:v:0", **bad)
+
+
+def test_an_instruction_is_read_before_the_question_but_not_searched_with():
+    """``instruction`` (a benchmark's "Answer the question based on ..."): the prompt is the one the joined
+    text makes, and the question's span, which the gather searches with, holds the question alone; a row
+    carries it to ``ask`` and keeps the id of its joined text."""
+    import sys
+    sys.path.insert(0, "tests")
+    from conftest import CharTokenizer, tiny
+    from reform.eval.rows import Row
+    from reform.pipeline import Pipeline
+    options = dict(heads="1:v:0,2:q:3", chunk_size=64, cache_budget=96, recompute_budget=100, pool_window=9)
+    pipe = Pipeline(tiny("llama"), CharTokenizer(), **options)
+    said, asked = "Only give the number.\n\n", "Question: what is QXZ?"
+    for layout in ("question", "verbatim"):
+        joined = pipe.templater.question(said + asked, " Answer:", layout=layout)
+        split = pipe.templater.question(asked, " Answer:", layout=layout, instruction=said)
+        if layout == "verbatim":
+            assert split.ids == joined.ids
+        tok = pipe.tokenizer
+        assert tok.decode(split.ids[split.query_span]).strip() == asked
+        assert said.strip() in tok.decode(split.separator)
+    ctx = pipe.encode("VAR QXZ = 4711. The grass is green. " * 12)
+    plain = ctx.method.query_embeddings(ctx, pipe.templater.question(asked))
+    told = ctx.method.query_embeddings(ctx, pipe.templater.question(asked, instruction=said))
+    assert told.shape == plain.shape            # the instruction's words do not search
+    with pytest.raises(TypeError, match="instruction must be text"):
+        ctx.ask(asked, instruction=3)
+    assert ctx.ask(asked, instruction=said, max_new_tokens=1).kept.numel() == 100
+    row = dict(context="c", answers=["a"], task="t", length=1)
+    assert Row(question=asked, instruction=said, **row).id == Row(question=said + asked, **row).id

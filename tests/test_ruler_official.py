@@ -33,15 +33,17 @@ def test_each_official_task_becomes_rows_split_around_its_context(task, tokenize
     assert len(rows) == 1
     for row in rows:
         marks = ruler_official.CONTEXT_END + ruler_official.QUESTION_END
-        assert not any(m in row.context + row.question + row.answer_prefix for m in marks)
+        assert not any(m in row.context + row.instruction + row.question + row.answer_prefix for m in marks)
         assert row.task == f"ruler/{task}" and row.layout == "verbatim" and row.answers
         assert row.meta["generator"].startswith("nvidia-long-context-eval")
         # within the length as RULER counts it (its fwe may pass the length by a little: 2,073 of 2,048)
-        words = len(tokenizer(row.context + row.question + row.answer_prefix)["input_ids"])
+        words = len(tokenizer(row.context + row.instruction + row.question + row.answer_prefix)["input_ids"])
         assert words + row.max_new_tokens <= row.meta["ruler_length"] <= LENGTH * 1.02
         if task.startswith("qa"):
             assert row.meta["metric"] == "string_match_part" and row.answer_prefix == " Answer:"
-            assert "Question:" in row.question
+            # the instruction is read, not searched with: the question is RULER's "Question: {query}"
+            assert row.question.startswith("Question:") and row.question.count("Question:") == 1
+            assert row.instruction.strip().startswith("Answer the question based on the given documents")
             spans = row.meta["evidence_spans"]
             assert spans and all(0 <= a < b <= len(row.context) for a, b in spans)
             if task == "qa_1":          # SQuAD: the answer spans are the answers

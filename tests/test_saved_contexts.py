@@ -259,7 +259,7 @@ def test_an_option_added_later_keeps_old_files_and_keys(saved, tmp_path):
     assert manifest_options.match_run == 0
     from reform.methods.options import options_json
     assert "match_run" not in options_json(ctx.method.config)
-    matched = make(**{**METHODS["reform"], "match_run": 8})
+    matched = make(**{**METHODS["reform"], "match_run": 8, "query_aggregate": "max"})
     assert matched.context_key(ctx.ids) != pipe.context_key(ctx.ids)
     mctx = matched.encode(CONTEXT)
     mctx.save(tmp_path / "m.reform")
@@ -282,9 +282,11 @@ def test_a_default_that_changed_keeps_old_files_and_runs_as_they_ran(saved, tmp_
     paper.encode(CONTEXT).save(tmp_path / "paper.reform")
     assert pipe.load_context(tmp_path / "paper.reform").method.config.run_peaks == 0
     # the hash eval folders were written with before the defaults changed (options []), kept by naming the
-    # values they ran with (run_peaks=0, and query_tokens=all, REFORM's default before 2026-11-29)
+    # values they ran with (run_peaks=0, and query_tokens=all and query_aggregate=max, REFORM's defaults
+    # before 2026-11-29)
     before = "76184dbbc44a"
-    assert MethodSpec.parse("reform:run_peaks=0:query_tokens=all").config_hash("x") == before
+    assert MethodSpec.parse("reform:run_peaks=0:query_tokens=all:query_aggregate=max").config_hash("x") == before
+    assert MethodSpec.parse("reform:run_peaks=0:query_tokens=all").config_hash("x") != before
     assert MethodSpec.parse("reform:run_peaks=0").config_hash("x") != before
     assert MethodSpec.parse("reform").config_hash("x") != before
     assert MethodSpec.parse("reform").config_hash("x") == MethodSpec.parse("reform:run_peaks=1").config_hash("x")

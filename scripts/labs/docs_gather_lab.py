@@ -40,6 +40,12 @@ def variant_method(method, **options):
     return m
 
 
+def options(text: str) -> dict:
+    """``key=value`` pairs joined by ``+``, numbers as numbers."""
+    pairs = dict(p.split("=", 1) for p in text.split("+"))
+    return {k: float(v) if "." in v else int(v) if v.isdigit() else v for k, v in pairs.items()}
+
+
 def content(ids: torch.Tensor) -> torch.Tensor:
     """Which question tokens carry content (REFORM's ``content_tokens``)."""
     return content_tokens(pipe.tokenizer, ids.tolist())
@@ -142,6 +148,10 @@ for name in TASKS:
                 "default, 2x budget": lambda: variant_method(method, recompute_budget=2 * c.recompute_budget)
                 .select_scored(ctx, part, None)[0],
             }
+            for variant in only or []:      # REFORM options: "opt:key=value+key=value", content tokens unless said
+                if variant.startswith("opt:"):
+                    kept[variant] = lambda v=variant: variant_method(method, **{"query_tokens": "content", **options(v[4:])}) \
+                        .select_scored(ctx, part, None)[0]
             for variant, gather in kept.items():
                 if (only and variant not in only) or (variant, row.meta["question_id"]) in done:
                     continue

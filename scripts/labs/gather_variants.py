@@ -45,9 +45,10 @@ PEAKS = 2            # first-round peaks whose rare tokens ask the second round
 
 
 def reform_with(ctx, **options):
-    """REFORM with the paper's gather (``match_run`` and ``run_peaks`` off, whatever the context was
-    encoded with), then ``options``."""
-    return type(ctx.method)(replace(ctx.method.config, **{"match_run": 0, "run_peaks": 0, **options}))
+    """REFORM with the paper's gather (``match_run`` and ``run_peaks`` off, the max over question tokens,
+    whatever the context was encoded with), then ``options``."""
+    return type(ctx.method)(replace(ctx.method.config, **{"match_run": 0, "run_peaks": 0, "query_aggregate": "max",
+                                                          **options}))
 
 
 def paper(ctx, part) -> torch.Tensor:
@@ -91,6 +92,7 @@ def with_rag(ctx, part, peaks: int, **options) -> torch.Tensor:
     c = ctx.method.config
     config = ReformRagConfig(**{f.name: getattr(c, f.name) for f in fields(c)})
     method = ReformRag(replace(config, match_run=0, run_peaks=peaks, query_tokens=ReformRagConfig().query_tokens,
+                               query_aggregate=ReformRagConfig().query_aggregate,
                                **options))
     built = ctx.extra.setdefault("all_passages", {})      # every retriever's index, whichever variant asked
     for kind in RETRIEVERS[method.config.retriever]:

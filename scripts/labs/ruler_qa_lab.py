@@ -29,6 +29,7 @@ import torch
 from reform import Pipeline
 from reform.eval.explain import explain, render
 from reform.eval.recall import spans_kept
+from reform.engine.layout import QuestionPart
 from reform.eval.tasks import ruler_official
 from reform.methods.rag import PassageIndex, pick_passages
 from reform.methods.retrievers import Dense
@@ -65,12 +66,12 @@ def options(variant: str) -> dict:
     """A variant's REFORM options: a named one, or ``key=value`` pairs joined by ``+``."""
     if variant in NAMED:
         return NAMED[variant]
-    pairs = dict(p.split("=", 1) for p in variant.split("+"))
+    pairs = dict(p.split("=", 1) for p in variant.split("+") if p != "question-only")
     return {k: (float(v) if k == "query_baseline" else int(v) if v.isdigit() else v) for k, v in pairs.items()}
 
 
 def dense_kept(pipe, ctx, question: str):
-    index = PassageIndex.build(pipe, ctx.ids, 128, Dense())
+    index = ctx.extra.get("dense") or ctx.extra.setdefault("dense", PassageIndex.build(pipe, ctx.ids, 128, Dense()))
     budget = ctx.method.config.recompute_budget
     chosen = pick_passages(index.scores(question), [e - s for s, e in index.spans], budget - index.prefix)
     return torch.cat([torch.arange(index.prefix)] + [torch.arange(*index.spans[i]) for i in chosen])
@@ -81,7 +82,7 @@ for heads in args.heads.split(","):
     label = "shipped" if heads == "shipped" else Path(heads).stem
     rows = [r for task in args.tasks.split(",")
             for r in ruler_official.generate(task, pipe.tokenizer, args.length, args.samples, 0)]
-    variants = [v for v in args.variants.split(",") if v != "rag-dense" or heads == args.heads.split(",")[0]]
+    variants = [v for v in args.variants.split(",") if not v.startswith("rag-dense") or heads == args.heads.split(",")[0]]
     for row in rows:
         if all((label, v, row.id) in done for v in variants):
             continue
@@ -97,9 +98,15 @@ for heads in args.heads.split(","):
                 ctx.save(saved)
         part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
         method = ctx.method
-        methods = {v: with_options(method, **options(v)) for v in variants if v != "rag-dense"}
-        gathers = {**{v: (lambda m=m: m.select_scored(ctx, part, None)[0]) for v, m in methods.items()},
-                   "rag-dense": lambda: dense_kept(pipe, ctx, row.question)}
+        methods = {v: with_options(method, **options(v)) for v in variants if not v.startswith("rag-dense")}
+        # "...question-only": the instruction moved out of the question's span (the prompt the same)
+        cut = row.question.rfind("Question:")
+        asked = QuestionPart(part.separator + pipe.templater.encode(row.question[:cut]),
+                             pipe.templater.encode(row.question[cut:]), part.suffix) if cut > 0 else part
+        gathers = {**{v: (lambda m=m, v=v: m.select_scored(ctx, asked if v.endswith("question-only") else part, None)[0])
+                      for v, m in methods.items()},
+                   "rag-dense": lambda: dense_kept(pipe, ctx, row.question),
+                   "rag-dense+question-only": lambda: dense_kept(pipe, ctx, row.question[max(0, cut):])}
         text = ctx.source.document.text
         with args.out.open("a") as out:
             for variant in variants:
@@ -111,7 +118,7 @@ for heads in args.heads.split(","):
                                       "recall": sum(flags) / len(flags), "all": all(flags),
                                       "tokens": int(kept.numel()), "encode_s": encode_s and round(encode_s, 2)}) + "\n")
                 key = (label, variant)
-                if variant != "rag-dense" and not all(flags) and explained.get(key, 0) < args.explain:
+                if not variant.startswith("rag-dense") and not all(flags) and explained.get(key, 0) < args.explain:
                     explained[key] = explained.get(key, 0) + 1
                     golds = [text[a:b] for a, b in row.meta["evidence_spans"]]
                     ctx.method = methods[variant]

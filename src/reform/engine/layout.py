@@ -104,13 +104,15 @@ class Templater:
         return self.prefix + ids, [-1] * len(self.prefix) + starts
 
     def question(self, question: str, answer_prefix: str = "", after_context: bool = True,
-                 layout: str = "question") -> QuestionPart:
+                 layout: str = "question", instruction: str = "") -> QuestionPart:
         """The question's ids after the context (``after_context`` False: the question is the whole
         prompt, so nothing separates it from a context). ``layout`` (``LAYOUTS``): ``question`` adds the
         separator (plain text: the ``Question:``/``Answer:`` labels); ``verbatim`` lays the question and
         answer prefix out exactly as given, so that context + question + answer prefix is a benchmark's own
         prompt (a chat template still closes the turn); ``continuation`` also leaves the turn open, so the
-        answer continues the text itself (code completion)."""
+        answer continues the text itself (code completion). ``instruction``: text read right before the
+        question (a benchmark's "Answer the question based on the given documents ..."), outside the
+        question's own tokens (``QuestionPart.query_span``), so a gather does not search with it."""
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         words = question
@@ -118,14 +120,17 @@ class Templater:
             words = words.replace(special, "")
         if not words.strip():
             raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
+        told = self.encode(instruction) if instruction else []
         if layout != "question":
             tail = [] if self.plain or layout == "continuation" else self.template_ids(self.tail)
-            return QuestionPart([], self.encode(question), tail + self.encode(answer_prefix))     # runs its length
-        if self.plain:      # "...context\n\nQuestion: QUESTION\nAnswer: PREFIX"
+            return QuestionPart(told, self.encode(question), tail + self.encode(answer_prefix))    # runs its length
+        if self.plain:      # "...context\n\nQuestion: [INSTRUCTION ]QUESTION\nAnswer: PREFIX"
             label = PLAIN_QUESTION if after_context else PLAIN_QUESTION.lstrip()
             suffix = self.template_ids(self.tail) + self.encode(" " + answer_prefix if answer_prefix else "")
-            return QuestionPart(self.template_ids(label), self.encode(" " + question.strip()), suffix, one_line=True)
-        return QuestionPart(self.template_ids(SEPARATOR if after_context else ""), self.encode(question),
+            told = self.encode(" " + instruction.strip()) if instruction.strip() else []
+            return QuestionPart(self.template_ids(label) + told, self.encode(" " + question.strip()), suffix,
+                                one_line=True)
+        return QuestionPart(self.template_ids(SEPARATOR if after_context else "") + told, self.encode(question),
                             self.template_ids(self.tail) + self.encode(answer_prefix))
 
     def eos_ids(self, model) -> list[int]:

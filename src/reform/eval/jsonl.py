@@ -111,8 +111,9 @@ def check_row(row: Row) -> Row:
             raise ValueError(f"'{name}' must be a non-empty string")
     if not isinstance(row.task, str) or not row.task.strip():
         raise ValueError("'task' must be a non-empty string")
-    if not isinstance(row.answer_prefix, str):
-        raise ValueError("'answer_prefix' must be a string")
+    for name in ("answer_prefix", "instruction"):
+        if not isinstance(getattr(row, name), str):
+            raise ValueError(f"'{name}' must be a string")
     if row.layout not in LAYOUTS:
         raise ValueError(f"'layout' must be one of {', '.join(LAYOUTS)}")
     for name in ("length", "sample"):

@@ -35,6 +35,9 @@ class Row:
     # "verbatim" (exactly as written: a benchmark's official prompt split around its context) or
     # "continuation" (also no chat turn closed: code completion)
     layout: str = "question"
+    # text the model reads right before the question, outside what the gather searches with (RULER's
+    # "Answer the question based on the given documents ..."); the prompt is instruction + question
+    instruction: str = ""
 
     def _hashed(self) -> str:
         return self.context + "".join("\x00" + image for image in self.images)
@@ -42,7 +45,7 @@ class Row:
     @property
     def id(self) -> str:
         """Stable id: task, length, depth, sample and a hash of the question + context (+ images)."""
-        h = hashlib.sha1((self.question + "\x00" + self._hashed()).encode()).hexdigest()[:10]
+        h = hashlib.sha1((self.instruction + self.question + "\x00" + self._hashed()).encode()).hexdigest()[:10]
         depth = "" if self.depth is None else f"-d{round(self.depth * 100)}"
         return f"{self.task}-{self.length}{depth}-s{self.sample}-{h}"
 

@@ -80,7 +80,7 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
         return
     context_text = None        # decoded once per context, for the gold recall of all its questions
     asked = [{"question": row.question, "answer_prefix": row.answer_prefix, "max_new_tokens": row.max_new_tokens,
-              "layout": row.layout} for row in rows]
+              "layout": row.layout, "instruction": row.instruction} for row in rows]
     answers = ctx.ask_many(asked, max_batch=batch, refusals=True) if batch > 1 else map(lambda a: ask(ctx, a), asked)
     for row, ans in zip(rows, answers):
         if isinstance(ans, ValueError):
@@ -104,7 +104,8 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
                           needle_image_kept=share)
         if explain and record["recall"] is not None and record["recall"] < 1 and hasattr(ctx.method, "scores"):
             from .explain import explain as explain_miss
-            part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
+            part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout,
+                                           instruction=row.instruction)
             record["explain"] = explain_miss(ctx, part, evidence(row), ans.kept)
         yield row, "ok", record
 

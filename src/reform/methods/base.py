@@ -92,18 +92,19 @@ class Context:
     def start(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
               on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
               seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False,
-              layout: str = "question") -> Answering:
+              layout: str = "question", instruction: str = "") -> Answering:
         """``ask``'s answer under way: the question checked, gathered and its prompt prefilled; its tokens
         come one at a time (``Answering``), alone or decoded with others (``methods/answering.py``).
 
         ``on_text`` receives the answer as it is generated. ``layout``: ``verbatim`` lays the question and
         answer prefix after the context exactly as given (a benchmark's own prompt), ``continuation`` also
-        without closing a chat turn (``Templater.question``). Greedy at ``temperature`` 0 (the default);
+        without closing a chat turn (``Templater.question``). ``instruction``: text the model reads right
+        before the question that the gather does not search with (a benchmark's instruction). Greedy at ``temperature`` 0 (the default);
         otherwise sampled (``top_p``, ``seed``); the answer ends before the first of the ``stop`` strings.
         A prompt plus ``max_new_tokens`` past the model's window is refused, unless ``fit_window``: then
         ``max_new_tokens`` is an upper bound, lowered to the room the window leaves after the prompt
         (finish reason "length" when that room runs out)."""
-        for name, value in (("question", question), ("answer_prefix", answer_prefix)):
+        for name, value in (("question", question), ("answer_prefix", answer_prefix), ("instruction", instruction)):
             if not isinstance(value, str):
                 raise TypeError(f"the {name} must be text (str), got {type(value).__name__}")
         if not question.strip():
@@ -117,7 +118,7 @@ class Context:
         sampling = Sampling(temperature, top_p, seed, stop)
         templater = self.pipeline.templater
         part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix),
-                                  layout=layout)
+                                  layout=layout, instruction=instruction)
         with self.pipeline.engine.input_rows(self.image_rows):
             return self.method.start(self, part, max_new_tokens=max_new_tokens, on_text=on_text,
                                      sampling=sampling, fit_window=fit_window)

@@ -6,7 +6,8 @@
    concatenated retrieval embeddings (§3.2).
 2. **Gather** (§3.3, appendix C.6): the question's tokens run on top of the final compressed cache; every
    context token is scored by cosine similarity to each question token, max over question tokens,
-   max-pooled over a 129-token window; the top ``recompute_budget`` tokens, always including the first
+   max-pooled over a 129-token window (``query_aggregate="max"``; the default here, ``maxsim``, takes each
+   question token's best cosine in the window and their mean); the top ``recompute_budget`` tokens, always including the first
    and last ``gather_keep`` (the paper's 256, capped at an eighth of the budget), are kept in their
    original order.
 3. **Recompute** (§3.3): the gathered tokens + the question run through the full model at fresh
@@ -69,8 +70,9 @@ def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weigh
     """Per context token: the mean over query tokens of each query token's best cosine within the ``window``
     (odd) tokens centred on it, weighted by ``weights`` [Q] when given: ColBERT's MaxSim (Khattab and
     Zaharia, SIGIR 2020) over a sliding window, so a window scores by how many of the question's words it
-    matches, not by its single best match. Same scale as ``token_scores``. Blockwise over N with a halo of
-    ``window // 2`` tokens, never the whole [N, Q] matrix."""
+    matches, not by its single best match. ``top`` > 0: the mean over the ``top`` query tokens that match
+    the window best. Same scale as ``token_scores``. Blockwise over N with a halo of ``window // 2`` tokens,
+    never the whole [N, Q] matrix."""
     n, half = context.shape[0], window // 2
     q = query.float().T
     w = torch.ones(q.shape[1]) if weights is None else weights.float()
@@ -87,7 +89,7 @@ def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weigh
 
 
 QUERY_TOKENS = ("all", "content")
-QUERY_AGGREGATES = ("max", "maxsim", "hybrid")
+QUERY_AGGREGATES = ("max", "maxsim")
 
 
 def content_tokens(tokenizer, ids: list[int]) -> torch.Tensor:
@@ -243,12 +245,14 @@ class ReformConfig:
     # gather (docs/results/hubs-lab-ruler). Not in the paper.
     query_tokens: str = field(default="content", metadata=added_later("all"))
     # how a window's score combines the question tokens: ``max`` (the paper's: the best cosine to any of
-    # them, then max-pooled), or ``maxsim``: the mean over question tokens of each one's best cosine in the
-    # window (``window_maxsim``), so the window that holds most of the question's words wins, not the one
-    # word that matches a recurring header best (docs/results/gather-maxsim). Not in the paper.
-    query_aggregate: str = field(default="max", metadata=added_later("max"))
+    # them, then max-pooled), or ``maxsim`` (the default since 2026-11-29): the mean over question tokens of
+    # each one's best cosine in the window (``window_maxsim``), so the window that holds most of the
+    # question's words wins, not the one that matches a single word best (docs/results/gather-maxsim).
+    # Not in the paper.
+    query_aggregate: str = field(default="maxsim", metadata=added_later("max"))
+    # > 0: maxsim's mean over only the ``maxsim_top`` question tokens that match each window best, for
+    # prompts whose instruction is not told apart from their question (docs/results/gather-maxsim)
     maxsim_top: int = field(default=0, metadata=added_later(0))
-    query_weights: str = field(default="none", metadata=added_later("none"))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -287,8 +291,8 @@ class ReformConfig:
         if self.query_aggregate not in QUERY_AGGREGATES:
             raise ValueError(f"query_aggregate must be {' or '.join(QUERY_AGGREGATES)}, got {self.query_aggregate!r}")
         if self.query_aggregate == "maxsim" and (self.query_baseline or self.match_run):
-            raise ValueError("query_aggregate=maxsim scores windows, not tokens: it does not combine with "
-                             "query_baseline or match_run")
+            raise ValueError("query_baseline and match_run adjust the paper's per-token max: use them with "
+                             "query_aggregate=max (maxsim, the default, scores whole windows)")
         if self.query_tokens not in QUERY_TOKENS:
             raise ValueError(f"query_tokens must be {' or '.join(QUERY_TOKENS)}, got {self.query_tokens!r}")
 
@@ -408,17 +412,8 @@ class Reform(Method):
         """The paper's scores (§3.3): max-pooled cosine to the question tokens; with
         ``query_aggregate="maxsim"``, each window's mean over the question tokens of their best cosine."""
         c = self.config
-        if c.query_aggregate == "hybrid":
-            z = lambda x: (x - x.mean()) / x.std().clamp_min(1e-6)
-            return z(max_pool(self.similarities(ctx, part, query), c.pool_window)) + z(
-                window_maxsim(ctx.state.data, query, c.pool_window, None, c.maxsim_top))
         if c.query_aggregate == "maxsim":
-            weights = None
-            if c.query_weights == "idf":
-                counts = torch.bincount(ctx.ids.cpu(), minlength=ctx.pipeline.engine.vocab).float()
-                asked = torch.as_tensor(part.ids)[part.query_span][self.searching(ctx, part)]
-                weights = torch.log(ctx.ids.shape[0] / (1.0 + counts[asked])).clamp_min(0.1)
-            return window_maxsim(ctx.state.data, query, c.pool_window, weights, c.maxsim_top)
+            return window_maxsim(ctx.state.data, query, c.pool_window, top=c.maxsim_top)
         return max_pool(self.similarities(ctx, part, query), self.config.pool_window)
 
     def similarities(self, ctx: Context, part: QuestionPart, query: torch.Tensor | None = None) -> torch.Tensor:

