@@ -122,7 +122,7 @@ for heads in args.heads.split(","):
                     explained[key] = explained.get(key, 0) + 1
                     golds = [text[a:b] for a, b in row.meta["evidence_spans"]]
                     ctx.method = methods[variant]
-                    report = explain(ctx, part, golds, kept)
+                    report = explain(ctx, asked if variant.endswith("question-only") else part, golds, kept)
                     ctx.method = method
                     with screens.open("a") as f:
                         f.write(render(f"{label} · {variant} · {row.id}", row.question, report) + "\n\n")
