@@ -96,10 +96,11 @@ for heads in args.heads.split(","):
             if saved is not None:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 ctx.save(saved)
-        part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout)
+        part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout, instruction=row.instruction)
         method = ctx.method
         methods = {v: with_options(method, **options(v)) for v in variants if not v.startswith("rag-dense")}
-        # "...question-only": the instruction moved out of the question's span (the prompt the same)
+        # "...question-only": the instruction moved out of the question's span (the prompt the same); rows
+        # that carry their instruction apart (the official bridge since 2026-11-29) search without it always
         cut = row.question.rfind("Question:")
         asked = QuestionPart(part.separator + pipe.templater.encode(row.question[:cut]),
                              pipe.templater.encode(row.question[cut:]), part.suffix) if cut > 0 else part
