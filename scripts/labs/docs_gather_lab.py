@@ -1,12 +1,13 @@
 """Gather variants on the docs suite: which recomputed set holds each question's evidence span? (a lab)
 
-    python scripts/labs/docs_gather_lab.py MODEL CONTEXTS_DIR OUT.jsonl [VARIANT,...]
+    python scripts/labs/docs_gather_lab.py MODEL CONTEXTS_DIR OUT.jsonl [VARIANT,...] [HEADS.json]
 
 For each document of ``reform eval docs`` the context is encoded with REFORM's defaults once (saved under
 CONTEXTS_DIR, with the dense passage index beside it) and every question is gathered under each variant at
 REFORM's recompute budget; nothing is generated. A row per (variant, question) goes to OUT.jsonl (a re-run
 skips those done); the summary table is printed. Span recall is ``reform.eval.recall.spans_kept``, the
-check ``reform eval docs`` makes.
+check ``reform eval docs`` makes. HEADS.json: encode with these heads instead of the preset; a variant
+``heads:H+H+...[|key=value+...]`` gathers with a subset of them (``gather_variants.head_subset``).
 """
 import copy
 import dataclasses
@@ -26,10 +27,12 @@ from reform.methods.reform import (content_tokens, gather_indices, max_pool, rai
                                    token_scores, window_maxsim, PEAK_RUN)
 from reform.methods.reform_rag import mixed_ranking, standardize
 from reform.methods.retrievers import BM25, Dense
+from gather_variants import head_subset, stop_words
 
 model, contexts, out_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 only = sys.argv[4].split(",") if len(sys.argv) > 4 else None
-pipe = Pipeline.load(None if model == "smollm2" else model, method="reform")   # REFORM for documents too
+heads = {"heads": sys.argv[5]} if len(sys.argv) > 5 else {}    # encode with these heads (a preset JSON)
+pipe = Pipeline.load(None if model == "smollm2" else model, method="reform", **heads)   # REFORM for documents too
 contexts.mkdir(parents=True, exist_ok=True)
 done = {(r["variant"], r["id"]) for r in map(json.loads, out_path.read_text().splitlines())} if out_path.exists() else set()
 
@@ -44,6 +47,11 @@ def options(text: str) -> dict:
     """``key=value`` pairs joined by ``+``, numbers as numbers."""
     pairs = dict(p.split("=", 1) for p in text.split("+"))
     return {k: float(v) if "." in v else int(v) if v.isdigit() else v for k, v in pairs.items()}
+
+
+def opt_gather(method, ctx, part, opts: dict) -> torch.Tensor:
+    with stop_words(opts.pop("stop", "bm25s")):
+        return variant_method(method, **{"query_tokens": "content", **opts}).select_scored(ctx, part, None)[0]
 
 
 def content(ids: torch.Tensor) -> torch.Tensor:
@@ -149,9 +157,13 @@ for name in TASKS:
                 .select_scored(ctx, part, None)[0],
             }
             for variant in only or []:      # REFORM options: "opt:key=value+key=value", content tokens unless said
-                if variant.startswith("opt:"):
-                    kept[variant] = lambda v=variant: variant_method(method, **{"query_tokens": "content", **options(v[4:])}) \
-                        .select_scored(ctx, part, None)[0]
+                if variant.startswith("opt:"):     # "stop=sklearn": another stop-word list for the content tokens
+                    kept[variant] = lambda v=variant: opt_gather(method, ctx, part, options(v[4:]))
+                if variant.startswith("heads:"):   # "heads:H+H[|key=value+...]": REFORM on a subset of the heads
+                    names, _, opts = variant[6:].partition("|")
+                    kept[variant] = lambda names=names, opts=opts: (lambda view: variant_method(
+                        view.method, **(options(opts) if opts else {})).select_scored(view, part, None)[0])(
+                        head_subset(ctx, names))
             for variant, gather in kept.items():
                 if (only and variant not in only) or (variant, row.meta["question_id"]) in done:
                     continue

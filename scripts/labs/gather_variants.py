@@ -28,10 +28,14 @@ Each function returns the indices (ascending) of the gathered tokens with the me
 
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager
 from dataclasses import fields, replace
+from functools import partial
 
 import torch
 
+from reform.engine.extractors import HeadEmbeddings, HeadSpec
 from reform.engine.policies import forced_mask
 from reform.stats import Timer
 from reform.methods.reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
@@ -49,6 +53,37 @@ def reform_with(ctx, **options):
     whatever the context was encoded with), then ``options``."""
     return type(ctx.method)(replace(ctx.method.config, **{"match_run": 0, "run_peaks": 0, "query_aggregate": "max",
                                                           **options}))
+
+
+def head_subset(ctx, names: str):
+    """``ctx`` seen through a subset of its heads (``3:q:3+7:v:0``): their columns of the stored embeddings
+    and REFORM's config with those heads, so the question's embeddings are computed for them alone. One
+    encode with the union of several head sets measures each set's gather."""
+    specs = [HeadSpec.parse(h) for h in names.split("+")]
+    heads, d = list(ctx.method.config.heads), ctx.pipeline.engine.shape.head_dim
+    cols = torch.cat([torch.arange(heads.index(h) * d, (heads.index(h) + 1) * d) for h in specs])
+    view = copy.copy(ctx)
+    view.state = HeadEmbeddings.from_data(specs, ctx.pipeline.engine.shape, ctx.state.data[:, cols])
+    view.method = type(ctx.method)(replace(ctx.method.config, heads=tuple(specs)))
+    return view
+
+
+@contextmanager
+def stop_words(name: str):
+    """REFORM's ``content_tokens`` with another English stop-word list while inside: ``bm25s`` (the
+    default, Lucene's 33 words) or ``sklearn`` (scikit-learn's 318, the Glasgow IR group's list, which also
+    holds the question words: what, which, when, from, did ...)."""
+    import reform.methods.reform as module
+    original = module.content_tokens
+    if name == "sklearn":
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+        module.content_tokens = partial(original, stop_words=ENGLISH_STOP_WORDS)
+    elif name != "bm25s":
+        raise ValueError(f"stop-word list must be bm25s or sklearn, got {name!r}")
+    try:
+        yield
+    finally:
+        module.content_tokens = original
 
 
 def paper(ctx, part) -> torch.Tensor:

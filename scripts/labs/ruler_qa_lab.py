@@ -33,6 +33,7 @@ from reform.engine.layout import QuestionPart
 from reform.eval.tasks import ruler_official
 from reform.methods.rag import PassageIndex, pick_passages
 from reform.methods.retrievers import Dense
+from gather_variants import head_subset, stop_words
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model")
@@ -43,6 +44,8 @@ parser.add_argument("--samples", type=int, default=20)
 parser.add_argument("--explain", type=int, default=0)
 parser.add_argument("--tasks", default="qa_1,qa_2")
 parser.add_argument("--contexts", type=Path, help="save each encoded context here and read it back on a re-run")
+parser.add_argument("--subsets", default="", help="NAME=HEAD+HEAD+...;...: also gather with these subsets "
+                    "of the encoded heads, their embeddings sliced from the one encode")
 parser.add_argument("--variants", default="default,query_baseline=0.999,content,content+query_baseline,rag-dense")
 args = parser.parse_args()
 model = None if args.model == "smollm2" else args.model
@@ -66,8 +69,21 @@ def options(variant: str) -> dict:
     """A variant's REFORM options: a named one, or ``key=value`` pairs joined by ``+``."""
     if variant in NAMED:
         return NAMED[variant]
-    pairs = dict(p.split("=", 1) for p in variant.split("+") if p != "question-only")
+    pairs = dict(p.split("=", 1) for p in variant.split("+") if p != "question-only" and not p.startswith("stop="))
     return {k: (float(v) if k == "query_baseline" else int(v) if v.isdigit() else v) for k, v in pairs.items()}
+
+
+subsets = dict(item.split("=", 1) for item in args.subsets.split(";") if item)
+
+
+def stop_list(variant: str) -> str:
+    """A variant's stop-word list for REFORM's content tokens: ``+stop=sklearn``, else bm25s's."""
+    return next((p[5:] for p in variant.split("+") if p.startswith("stop=")), "bm25s")
+
+
+def gathered(method, ctx, part, variant: str) -> torch.Tensor:
+    with stop_words(stop_list(variant)):
+        return method.select_scored(ctx, part, None)[0]
 
 
 def dense_kept(pipe, ctx, question: str):
@@ -78,13 +94,16 @@ def dense_kept(pipe, ctx, question: str):
 
 
 for heads in args.heads.split(","):
-    pipe = Pipeline.load(model, method="reform", **({} if heads == "shipped" else {"heads": heads}))
-    label = "shipped" if heads == "shipped" else Path(heads).stem
+    # HEADS: "shipped", a preset JSON, or heads joined by "+" (3:q:3+7:v:0)
+    spec = heads.replace("+", ",") if ":" in heads else heads
+    pipe = Pipeline.load(model, method="reform", **({} if heads == "shipped" else {"heads": spec}))
+    label = "shipped" if heads == "shipped" else Path(heads).stem if heads.endswith(".json") else heads
     rows = [r for task in args.tasks.split(",")
             for r in ruler_official.generate(task, pipe.tokenizer, args.length, args.samples, 0)]
     variants = [v for v in args.variants.split(",") if not v.startswith("rag-dense") or heads == args.heads.split(",")[0]]
     for row in rows:
-        if all((label, v, row.id) in done for v in variants):
+        if all((view, v, row.id) in done for v in variants for view in [label, *subsets]
+               if view == label or not v.startswith("rag-dense")):
             continue
         saved = args.contexts / label / f"{row.id.replace('/', '_')}.reform" if args.contexts else None
         if saved is not None and saved.exists():
@@ -97,36 +116,39 @@ for heads in args.heads.split(","):
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 ctx.save(saved)
         part = pipe.templater.question(row.question, row.answer_prefix, layout=row.layout, instruction=row.instruction)
-        method = ctx.method
-        methods = {v: with_options(method, **options(v)) for v in variants if not v.startswith("rag-dense")}
         # "...question-only": the instruction moved out of the question's span (the prompt the same); rows
         # that carry their instruction apart (the official bridge since 2026-11-29) search without it always
         cut = row.question.rfind("Question:")
         asked = QuestionPart(part.separator + pipe.templater.encode(row.question[:cut]),
                              pipe.templater.encode(row.question[cut:]), part.suffix) if cut > 0 else part
-        gathers = {**{v: (lambda m=m, v=v: m.select_scored(ctx, asked if v.endswith("question-only") else part, None)[0])
-                      for v, m in methods.items()},
-                   "rag-dense": lambda: dense_kept(pipe, ctx, row.question),
-                   "rag-dense+question-only": lambda: dense_kept(pipe, ctx, row.question[max(0, cut):])}
         text = ctx.source.document.text
-        with args.out.open("a") as out:
-            for variant in variants:
-                if (label, variant, row.id) in done:
-                    continue
-                kept = gathers[variant]()
-                flags = spans_kept(ctx.source.token_starts, len(text), kept, row.meta["evidence_spans"])
-                out.write(json.dumps({"heads": label, "variant": variant, "task": row.task, "id": row.id,
-                                      "recall": sum(flags) / len(flags), "all": all(flags),
-                                      "tokens": int(kept.numel()), "encode_s": encode_s and round(encode_s, 2)}) + "\n")
-                key = (label, variant)
-                if not variant.startswith("rag-dense") and not all(flags) and explained.get(key, 0) < args.explain:
-                    explained[key] = explained.get(key, 0) + 1
-                    golds = [text[a:b] for a, b in row.meta["evidence_spans"]]
-                    ctx.method = methods[variant]
-                    report = explain(ctx, asked if variant.endswith("question-only") else part, golds, kept)
-                    ctx.method = method
-                    with screens.open("a") as f:
-                        f.write(render(f"{label} · {variant} · {row.id}", row.question, report) + "\n\n")
+        views = [(label, ctx)] + [(name, head_subset(ctx, names)) for name, names in subsets.items()]
+        for view, vctx in views:
+            method = vctx.method
+            methods = {v: with_options(method, **options(v)) for v in variants if not v.startswith("rag-dense")}
+            gathers = {**{v: (lambda m=m, v=v: gathered(m, vctx, asked if v.endswith("question-only") else part, v))
+                          for v, m in methods.items()},
+                       "rag-dense": lambda: dense_kept(pipe, ctx, row.question),
+                       "rag-dense+question-only": lambda: dense_kept(pipe, ctx, row.question[max(0, cut):])}
+            with args.out.open("a") as out:
+                for variant in variants:
+                    if (view, variant, row.id) in done or (view != label and variant.startswith("rag-dense")):
+                        continue
+                    kept = gathers[variant]()
+                    flags = spans_kept(ctx.source.token_starts, len(text), kept, row.meta["evidence_spans"])
+                    out.write(json.dumps({"heads": view, "variant": variant, "task": row.task, "id": row.id,
+                                          "recall": sum(flags) / len(flags), "all": all(flags),
+                                          "tokens": int(kept.numel()), "encode_s": encode_s and round(encode_s, 2)}) + "\n")
+                    key = (view, variant)
+                    if not variant.startswith("rag-dense") and not all(flags) and explained.get(key, 0) < args.explain:
+                        explained[key] = explained.get(key, 0) + 1
+                        golds = [text[a:b] for a, b in row.meta["evidence_spans"]]
+                        vctx.method = methods[variant]
+                        with stop_words(stop_list(variant)):
+                            report = explain(vctx, asked if variant.endswith("question-only") else part, golds, kept)
+                        vctx.method = method
+                        with screens.open("a") as f:
+                            f.write(render(f"{view} · {variant} · {row.id}", row.question, report) + "\n\n")
         print(f"{label} {row.id}: {ctx.ids.shape[0]} tokens, " + ("read back" if encode_s is None else f"encoded in {encode_s:.1f} s"), flush=True)
 
 results = [json.loads(line) for line in args.out.read_text().splitlines()]

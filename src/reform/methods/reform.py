@@ -92,12 +92,14 @@ QUERY_TOKENS = ("all", "content")
 QUERY_AGGREGATES = ("max", "maxsim")
 
 
-def content_tokens(tokenizer, ids: list[int]) -> torch.Tensor:
+def content_tokens(tokenizer, ids: list[int], stop_words: frozenset[str] | None = None) -> torch.Tensor:
     """Which of ``ids`` (a question's tokens) carry content: decoded alone, neither an English stop word
-    (bm25s's list, as BM25 drops them) nor whitespace or punctuation alone; all of them where none would."""
-    from bm25s.stopwords import STOPWORDS_EN
+    (``stop_words``; by default bm25s's list, as BM25 drops them) nor whitespace or punctuation alone; all of
+    them where none would."""
+    if stop_words is None:
+        from bm25s.stopwords import STOPWORDS_EN as stop_words
     words = [tokenizer.decode([i]).strip().lower() for i in ids]
-    keep = torch.tensor([bool(w) and w not in STOPWORDS_EN and any(ch.isalnum() for ch in w) for w in words],
+    keep = torch.tensor([bool(w) and w not in stop_words and any(ch.isalnum() for ch in w) for w in words],
                         dtype=torch.bool)
     return keep if keep.any() else torch.ones_like(keep)
 
