@@ -196,9 +196,9 @@ def test_heads_select_depth_cap_from_a_stored_table(tmp_path, monkeypatch):
     r = run("heads", "select", "--table", shipped, "--max-depth", "0.4", "--out", tmp_path / "h.json")
     assert r.exit_code == 0, r.output
     out = json.loads((tmp_path / "h.json").read_text())
-    assert out["heads"] == ["5:v:2", "3:k:2", "6:v:2", "3:v:2"] and "below 40% depth (layers 0-11)" in out["rule"]
+    assert out["heads"] == ["2:q:2", "6:k:2", "6:v:2", "5:v:0"] and "below 40% depth (layers 0-11)" in out["rule"]
     r = run("heads", "select", "--table", shipped, "--out", tmp_path / "h7.json")      # the paper's 70 %
-    assert json.loads((tmp_path / "h7.json").read_text())["heads"] == ["5:v:2", "3:k:2", "12:v:1", "18:v:2"]
+    assert json.loads((tmp_path / "h7.json").read_text())["heads"] == ["2:q:2", "6:k:2", "15:v:1", "18:v:1"]
     r = run("heads", "select", "--table", shipped, "--max-depth", "0", "--out", tmp_path / "h0.json")
     assert r.exit_code == 2 and "depth cap must be in (0, 1]" in r.stderr and not (tmp_path / "h0.json").exists()
     r = run("heads", "select", "--table", shipped, "--model", "x", "--out", tmp_path / "hm.json")

@@ -7,7 +7,8 @@ CONTEXTS_DIR, with the dense passage index beside it) and every question is gath
 REFORM's recompute budget; nothing is generated. A row per (variant, question) goes to OUT.jsonl (a re-run
 skips those done); the summary table is printed. Span recall is ``reform.eval.recall.spans_kept``, the
 check ``reform eval docs`` makes. HEADS.json: encode with these heads instead of the preset; a variant
-``heads:H+H+...[|key=value+...]`` gathers with a subset of them (``gather_variants.head_subset``).
+``heads:H+H+...[|key=value+...]`` gathers with a subset of them (``gather_variants.head_subset``),
+``documents:H+H+...`` runs the documents default (REFORM+RAG, dense + BM25, pooled) over such a subset.
 """
 import copy
 import dataclasses
@@ -27,7 +28,7 @@ from reform.methods.reform import (content_tokens, gather_indices, max_pool, rai
                                    token_scores, window_maxsim, PEAK_RUN)
 from reform.methods.reform_rag import mixed_ranking, standardize
 from reform.methods.retrievers import BM25, Dense
-from gather_variants import head_subset, stop_words
+from gather_variants import head_subset, stop_words, with_rag
 
 model, contexts, out_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 only = sys.argv[4].split(",") if len(sys.argv) > 4 else None
@@ -101,7 +102,7 @@ for name in TASKS:
         for row in rows:
             part = pipe.templater.question(row.question)
             question = row.question
-            query = method.query_embeddings(ctx, part)
+            query = variant_method(method, query_tokens="all").query_embeddings(ctx, part)   # every question token
             ranking = method.ranking(ctx, part, query)                       # REFORM's pooled scores, no run_peaks
             dense_tokens = dense.token_scores(question, ranking.shape[0]).to(ranking)
             bm25_tokens = bm25.token_scores(question, ranking.shape[0]).to(ranking)
@@ -159,6 +160,10 @@ for name in TASKS:
             for variant in only or []:      # REFORM options: "opt:key=value+key=value", content tokens unless said
                 if variant.startswith("opt:"):     # "stop=sklearn": another stop-word list for the content tokens
                     kept[variant] = lambda v=variant: opt_gather(method, ctx, part, options(v[4:]))
+                if variant.startswith("documents:"):   # "documents:H+H": the documents default on a subset of the heads
+                    ctx.extra.setdefault("all_passages", {}).update(dense=dense, bm25=bm25)   # the indexes built above
+                    kept[variant] = lambda names=variant[10:]: with_rag(head_subset(ctx, names), part, 0,
+                                                                        retriever="dense+bm25", pool_passages=True)
                 if variant.startswith("heads:"):   # "heads:H+H[|key=value+...]": REFORM on a subset of the heads
                     names, _, opts = variant[6:].partition("|")
                     kept[variant] = lambda names=names, opts=opts: (lambda view: variant_method(
