@@ -2,16 +2,19 @@
 corrections, beside dense retrieval at the same budget (a lab; issue 69).
 
     python scripts/labs/ruler_qa_lab.py MODEL LENGTH OUT.jsonl HEADS[,HEADS...] [--samples N] [--explain N]
-        [--variants V,V,...] [--contexts DIR]
+        [--variants V,V,...] [--contexts DIR] [--subsets NAME=H+H+...;...]
 
-HEADS: ``shipped`` (the model's preset) or a preset JSON from ``reform heads select``. Each row's context
+HEADS: ``shipped`` (the model's preset), a preset JSON from ``reform heads select``, or heads joined by
+``+``. ``--subsets``: each row is also gathered with these subsets of the encoded heads, sliced from the one
+encode (``gather_variants.head_subset``), so one encode of a union measures several head sets. Each row's context
 is encoded once per head set (REFORM's defaults otherwise) and gathered under each variant at REFORM's
 recompute budget; nothing is generated. ``default``: REFORM as shipped; ``query_baseline=0.999``: each
 question token's 99.9th-percentile cosine over the context subtracted before the max (the hub correction,
 docs/results/hubs-lab-docs); ``content``: REFORM's ``query_tokens="content"`` (the question's stop words,
 whitespace and punctuation dropped, RULER's instruction among them), alone and with the baseline;
 ``rag-dense``: 128-token passages by MiniLM, head-independent (once). ``--variants``: instead of those,
-REFORM options joined by ``+`` (``query_aggregate=maxsim+query_tokens=all``), ``default`` and ``rag-dense``. A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
+REFORM options joined by ``+`` (``query_aggregate=maxsim+query_tokens=all``; ``stop=sklearn``: scikit-learn's
+stop-word list for the content tokens), ``default`` and ``rag-dense``. A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
 (``spans_kept`` over SQuAD's answer spans / HotpotQA's supporting-fact sentences); a re-run skips what is
 done. ``--explain N``: the first N rows missed by each REFORM variant get ``reform.eval.explain``'s screen
 in OUT.explain.md (the windows that outrank the evidence). The rows are ``reform eval ruler --generator
