@@ -55,6 +55,12 @@ def opt_gather(method, ctx, part, opts: dict) -> torch.Tensor:
         return variant_method(method, **{"query_tokens": "content", **opts}).select_scored(ctx, part, None)[0]
 
 
+def subset_gather(ctx, part, names: str, opts: str) -> torch.Tensor:
+    """REFORM's gather over a subset of the encoded heads (``head_subset``), with ``opts`` (``k=v+k=v``)."""
+    view = head_subset(ctx, names)
+    return variant_method(view.method, **(options(opts) if opts else {})).select_scored(view, part, None)[0]
+
+
 def content(ids: torch.Tensor) -> torch.Tensor:
     """Which question tokens carry content (REFORM's ``content_tokens``)."""
     return content_tokens(pipe.tokenizer, ids.tolist())
@@ -166,9 +172,7 @@ for name in TASKS:
                                                                         retriever="dense+bm25", pool_passages=True)
                 if variant.startswith("heads:"):   # "heads:H+H[|key=value+...]": REFORM on a subset of the heads
                     names, _, opts = variant[6:].partition("|")
-                    kept[variant] = lambda names=names, opts=opts: (lambda view: variant_method(
-                        view.method, **(options(opts) if opts else {})).select_scored(view, part, None)[0])(
-                        head_subset(ctx, names))
+                    kept[variant] = lambda names=names, opts=opts: subset_gather(ctx, part, names, opts)
             for variant, gather in kept.items():
                 if (only and variant not in only) or (variant, row.meta["question_id"]) in done:
                     continue
