@@ -434,13 +434,17 @@ def test_a_refused_upload_costs_no_daily_tokens_and_files_count_toward_store_byt
             time.sleep(0.01)
         try:
             with http(server, ALICE) as alice:
-                assert upload(alice, DOC).status_code == 202                 # takes alice's one queue place
+                accepted = upload(alice, DOC)
+                assert accepted.status_code == 202                          # takes alice's one queue place
                 refused = upload(alice, OTHER_DOC)
                 assert refused.status_code == 503                           # her queue and line are full
                 assert service.usage.used("tenants/alice") == n              # the refused one was given back
         finally:
             release.set()
             loop.close()
+        with http(server, ALICE) as alice:                                  # an empty store for the files part
+            wait_ready(alice, accepted.json()["id"])
+            assert alice.delete(f"/v1/contexts/{accepted.json()['id']}").status_code == 200
         client = server.client(ALICE)
         client.files.create(file=("big.txt", b"x" * 3500), purpose="user_data")
         with pytest.raises(openai.APIStatusError) as e:                     # files count toward store bytes
