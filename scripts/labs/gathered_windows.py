@@ -12,6 +12,7 @@ import argparse
 import torch
 
 from reform import Pipeline
+from reform.eval.recall import kept_runs
 from reform.eval.specs import parse_lengths
 from reform.eval.tasks import niah
 
@@ -23,18 +24,6 @@ parser.add_argument("heads", help="head sets separated by ';'")
 parser.add_argument("--model")
 parser.add_argument("--chars", type=int, default=240, help="characters of each run to print")
 args = parser.parse_args()
-
-
-def runs(kept: torch.Tensor) -> list[tuple[int, int]]:
-    """Contiguous [start, end) runs of sorted token positions."""
-    kept = kept.sort().values.tolist()
-    out = [[kept[0], kept[0] + 1]]
-    for i in kept[1:]:
-        if i == out[-1][1]:
-            out[-1][1] = i + 1
-        else:
-            out.append([i, i + 1])
-    return [tuple(r) for r in out]
 
 
 gathered = {}
@@ -49,7 +38,7 @@ for heads in args.heads.split(";"):
 
 for heads, (pipe, ctx, kept) in gathered.items():
     others = set().union(*(k for h, (_, _, k) in gathered.items() if h != heads))
-    spans = runs(torch.tensor(sorted(kept)))
+    spans = kept_runs(torch.tensor(sorted(kept)))
     print(f"\n==== {heads}: {len(kept)} tokens in {len(spans)} runs")
     for s, e in spans:
         only = "*" if others and not others & set(range(s, e)) else " "
