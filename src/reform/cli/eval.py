@@ -426,3 +426,45 @@ def report(run_dir: Path = typer.Argument(..., help="an evaluation's output fold
     except CliError as e:
         fail(e)
     show(run_dir / RESULTS, metrics)
+
+
+@app.command("compare")
+def compare(run_dirs: list[Path] = typer.Argument(..., help="evaluation output folders, pooled"),
+            base: Optional[str] = typer.Option(None, "--base", help="the method the others are compared with "
+                                               "(default: the first one run)"),
+            same: list[str] = typer.Option([], "--same", help="OLD=NEW: count method OLD's rows as NEW's "
+                                           "(one method run under two labels in different folders)")):
+    """Methods row by row over one or more evaluation folders: rows each scored higher or lower than the
+    base method, the mean difference, and the exact sign test's p (docs/evaluation.md)."""
+    from ..eval.paired import against_first, markdown_table
+    from ..eval.records import folder_records
+    try:
+        records = []
+        for d in run_dirs:
+            if not d.is_dir():
+                raise CliError(f"folder not found: {d}")
+            try:
+                records += folder_records(d)[1]
+            except (ValueError, KeyError) as e:
+                raise CliError(f"cannot read {d}: {e}") from None
+        renames = dict(_label_pair(item, {r["method"] for r in records}) for item in same)
+        records = [r | {"method": renames.get(r["method"], r["method"])} for r in records]
+        methods = list(dict.fromkeys(r["method"] for r in records))
+        if base is not None:
+            if base not in methods:
+                raise CliError(f"--base {base!r} is not a method in these folders: {', '.join(methods)}")
+            methods = [base] + [m for m in methods if m != base]
+        rows = against_first(records, methods)
+        if not rows:
+            raise CliError("no two methods answered the same rows in these folders")
+    except CliError as e:
+        fail(e)
+    out.print("\n".join(markdown_table(rows)), markup=False, highlight=False)
+
+
+def _label_pair(item: str, labels: set[str]) -> tuple[str, str]:
+    """``OLD=NEW`` where OLD is one of ``labels`` (labels hold '=' themselves: the split is where OLD is one)."""
+    for i, ch in enumerate(item):
+        if ch == "=" and item[:i] in labels and item[i + 1:]:
+            return item[:i], item[i + 1:]
+    raise CliError(f"bad --same {item!r}: use OLD=NEW with OLD one of {', '.join(sorted(labels))}")

@@ -94,3 +94,16 @@ def current_records(records: list[dict], config: dict | None) -> list[dict]:
             continue
         latest[(r["method"], r["id"])] = r
     return list(latest.values())
+
+
+def folder_records(out_dir: str | Path) -> tuple[dict, list[dict]]:
+    """An evaluation folder's ``config.json`` and its current records (``current_records``)."""
+    out = Path(out_dir)
+    pred_path = out / PREDICTIONS
+    if not pred_path.is_file():
+        raise ValueError(f"no {PREDICTIONS} in {out}: run an evaluation into it first")
+    config = json.loads((out / CONFIG).read_text()) if (out / CONFIG).is_file() else {}
+    records = current_records(read_predictions(pred_path), config)
+    if not records:
+        raise ValueError(f"{pred_path} holds no predictions")
+    return config, records

@@ -11,8 +11,9 @@ from typing import Iterable
 
 from ..outputs import write_atomic
 from .intervals import interval
+from .paired import against_first, markdown_table
 from .recall import miss_kind
-from .records import CONFIG, EXPLAIN, METRICS, PREDICTIONS, RESULTS, STAGES, current_records, read_predictions
+from .records import EXPLAIN, METRICS, RESULTS, STAGES, folder_records
 from .specs import format_length
 
 
@@ -118,7 +119,7 @@ def aggregate(records: list[dict], method_order: Iterable[str] = ()) -> dict:
     key = lambda c: (tasks.index(c["task"]), c["length"], methods.index(c["method"]), c.get("depth") or 0)
     return {"methods": methods, "tasks": tasks, "lengths": lengths, "by_task": sorted(by_task, key=key),
             "by_depth": sorted(by_depth, key=key), "by_length": by_length, "by_method": by_method,
-            "shared_contexts": shared_contexts(records, methods)}
+            "shared_contexts": shared_contexts(records, methods), "paired": against_first(records, methods)}
 
 
 def _percent(cell: dict | None, key: str = "score", ci: bool = True) -> str:
@@ -204,6 +205,12 @@ def markdown(metrics: dict, model: str = "") -> str:
                   "RepoEval's EM: the prediction's first lines, stripped, equal the target's (the score above is "
                   "its edit similarity).", ""]
         lines += _grid(metrics, lambda c: _percent(c, "em"))
+    if metrics.get("paired"):
+        lines += ["", f"## Row by row against {methods[0]}", "",
+                  "Over the rows both methods answered: how many each method scored higher / lower than the "
+                  "first, the mean difference, and the exact two-sided sign test's p over the rows that differ "
+                  "(McNemar's exact test for 0/1 scores; a small p: the split is unlikely to be chance).", ""]
+        lines += markdown_table(metrics["paired"])
     if metrics.get("shared_contexts"):
         lines += ["", "## Shared contexts: encode once, ask many", "",
                   "Contexts asked several questions in turn: score over all their questions (95 % interval), "
@@ -237,13 +244,7 @@ def markdown(metrics: dict, model: str = "") -> str:
 def write_report(out_dir: str | Path, plots: bool = True) -> dict:
     """(Re)write ``metrics.json``, ``results.md`` and the PNGs of ``out_dir`` from its predictions."""
     out = Path(out_dir)
-    pred_path = out / PREDICTIONS
-    if not pred_path.is_file():
-        raise ValueError(f"no {PREDICTIONS} in {out}: run an evaluation into it first")
-    config = json.loads((out / CONFIG).read_text()) if (out / CONFIG).is_file() else {}
-    records = current_records(read_predictions(pred_path), config)
-    if not records:
-        raise ValueError(f"{pred_path} holds no predictions")
+    config, records = folder_records(out)
     metrics = aggregate(records, [m["label"] for m in config.get("methods", [])])
     metrics["model"] = config.get("model", "")
     write_atomic(out / METRICS, json.dumps(metrics, indent=1))
