@@ -85,6 +85,14 @@ def merged_config(out: Path, config: dict) -> dict:
                      "runs": old.get("runs", []) + [run_entry(config)]}
 
 
+def resolution_changes(before: dict, now: dict) -> list[str]:
+    """The options that resolve differently now than they did for a label's rows already in a folder
+    (``before``: the ``resolved`` options config.json kept for it; only the options both name): a model's
+    preset (its heads, its tuned budgets) can move under an unchanged label and config hash."""
+    now = json.loads(json.dumps(now, default=str))
+    return [f"{k}: {before[k]} then, {now[k]} now" for k in before.keys() & now.keys() if before[k] != now[k]]
+
+
 def current_records(records: list[dict], config: dict | None) -> list[dict]:
     """The latest record per (method, row); for methods in ``config``, only those of its config hash."""
     wanted = {m["label"]: m["config_hash"] for m in (config or {}).get("methods", [])}

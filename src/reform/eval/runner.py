@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator
 from ..outputs import write_atomic
 from .recall import evidence, gold_kept, recall, spans_kept
 from .records import (CONFIG, PREDICTIONS, drop_torn_tail, finished, merged_config, prepare_out_dir,
-                      read_predictions, record_for, run_entry)
+                      read_predictions, record_for, resolution_changes, run_entry)
 from .report import write_report
 from .rows import Row
 from .specs import format_length, method_specs
@@ -269,8 +269,9 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
               "chat_template": use_chat_template, "versions": versions(), "machine": machine(model),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     config = merged_config(out, config) if resume else config | {"runs": [run_entry(config)]}
-    write_atomic(out / CONFIG, json.dumps(config, indent=1))
-    if total:
+    if not total:
+        write_atomic(out / CONFIG, json.dumps(config, indent=1))
+    else:
         if model is None:
             loaded = loader()
             model, tokenizer, processor = loaded.model, loaded.tokenizer, getattr(loaded, "processor", None)
@@ -278,7 +279,13 @@ def run_eval(rows: list[Row], *, methods: Iterable, out_dir: str | Path, model_n
                                    use_chat_template=use_chat_template, **s.method_options) for s in specs}
         for entry in config["methods"]:     # the options every default resolved to, for the record
             if entry["label"] in pipes:
-                entry["resolved"] = resolved_options(pipes[entry["label"]].method)
+                now = resolved_options(pipes[entry["label"]].method)
+                changed = resolution_changes(entry.get("resolved") or {}, now or {})
+                if changed and any(d[:2] == (entry["label"], entry["config_hash"]) for d in done):
+                    raise ValueError(f"{out} holds {entry['label']} rows answered with other options than it "
+                                     f"resolves to now ({'; '.join(sorted(changed))}): add --fresh to answer "
+                                     "them again, or use another --out")
+                entry["resolved"] = now
         config["machine"] = config["runs"][-1]["machine"] = machine(model)
         write_atomic(out / CONFIG, json.dumps(config, indent=1, default=str))
         with open(pred_path, "a", encoding="utf-8") as sink, RowProgress(progress, total, console) as bar:
