@@ -53,7 +53,8 @@ def against_first(records: list[dict], methods: list[str]) -> list[dict]:
 
 def markdown_table(rows: list[dict]) -> list[str]:
     """The comparisons as a markdown table (score difference in points)."""
-    head = "| method | against | rows | higher | lower | same | mean difference (points) | p | gold recall higher / lower (p) |"
+    head = ("| method | against | rows | higher | lower | same | mean difference (points) | p "
+            "| gold recall higher / lower (p) |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         diff = "—" if r["difference"] is None else f"{100 * r['difference']:+.1f}"
