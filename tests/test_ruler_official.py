@@ -54,6 +54,11 @@ def test_each_official_task_becomes_rows_split_around_its_context(task, tokenize
             assert row.meta["metric"] == "string_match_all"
             if task.startswith("niah") or task == "vt":   # the needles' values are in the haystack
                 assert all(re.search(re.escape(a), row.context) for a in row.answers)
+            if task == "vt":    # the evidence is the chain: each answer's assignment, once, the first a number
+                chain = row.meta["evidence"]
+                assert [link.split()[1] for link in chain] == row.answers
+                assert all(row.context.count(link) == 1 for link in chain) and chain[0].split()[-1].isdigit()
+                assert all(link.endswith(f"VAR {prev.split()[1]}") for prev, link in zip(chain, chain[1:]))
         # RULER's metric on a perfect and an empty answer
         assert score(row, " ".join(row.answers)) == 1.0 and score(row, "") == 0.0
 

@@ -31,7 +31,7 @@ import torch
 
 from reform import Pipeline
 from reform.eval.explain import explain, render
-from reform.eval.recall import spans_kept
+from reform.eval.recall import evidence, gold_kept, spans_kept
 from reform.engine.layout import QuestionPart
 from reform.eval.tasks import ruler_official
 from reform.methods.rag import PassageIndex, pick_passages
@@ -52,6 +52,7 @@ parser.add_argument("--subsets", default="", help="NAME=HEAD+HEAD+...;...: also 
 parser.add_argument("--variants", default="default,query_baseline=0.999,content,content+query_baseline,rag-dense")
 args = parser.parse_args()
 model = None if args.model == "smollm2" else args.model
+decoded: dict[str, str] = {}
 done = {(r["heads"], r["variant"], r["id"]) for r in map(json.loads, args.out.read_text().splitlines())} \
     if args.out.exists() else set()
 explained: dict[tuple[str, str], int] = {}
@@ -87,6 +88,15 @@ def stop_list(variant: str) -> str:
 def gathered(method, ctx, part, variant: str) -> torch.Tensor:
     with stop_words(stop_list(variant)):
         return method.select_scored(ctx, part, None)[0]
+
+
+def kept_flags(pipe, ctx, row, kept, decoded: dict) -> list[bool]:
+    """Per piece of the row's evidence, whether the gather kept it: qa's spans by place, other tasks' gold
+    strings (vt's chain of assignments, a needle's value) as ``reform eval`` checks them."""
+    if "evidence_spans" in row.meta:
+        return spans_kept(ctx.source.token_starts, len(ctx.source.document.text), kept, row.meta["evidence_spans"])
+    text = decoded.setdefault(row.id, pipe.tokenizer.decode(ctx.ids.tolist()))
+    return [f for f in gold_kept(pipe.tokenizer, ctx.ids, kept, evidence(row), text) if f is not None]
 
 
 def dense_kept(pipe, ctx, question: str):
@@ -138,14 +148,15 @@ for heads in args.heads.split(","):
                     if (view, variant, row.id) in done or (view != label and variant.startswith("rag-dense")):
                         continue
                     kept = gathers[variant]()
-                    flags = spans_kept(ctx.source.token_starts, len(text), kept, row.meta["evidence_spans"])
+                    flags = kept_flags(pipe, ctx, row, kept, decoded)
                     out.write(json.dumps({"heads": view, "variant": variant, "task": row.task, "id": row.id,
-                                          "recall": sum(flags) / len(flags), "all": all(flags),
+                                          "recall": sum(flags) / len(flags) if flags else None, "all": all(flags),
                                           "tokens": int(kept.numel()), "encode_s": encode_s and round(encode_s, 2)}) + "\n")
                     key = (view, variant)
                     if not variant.startswith("rag-dense") and not all(flags) and explained.get(key, 0) < args.explain:
                         explained[key] = explained.get(key, 0) + 1
-                        golds = [text[a:b] for a, b in row.meta["evidence_spans"]]
+                        golds = [text[a:b] for a, b in row.meta["evidence_spans"]] \
+                            if "evidence_spans" in row.meta else evidence(row)
                         vctx.method = methods[variant]
                         with stop_words(stop_list(variant)):
                             report = explain(vctx, asked if variant.endswith("question-only") else part, golds, kept)
@@ -159,7 +170,8 @@ print(f"{'heads':28} {'variant':22} " + " ".join(f"{t:>22}" for t in args.tasks.
 for key in dict.fromkeys((r["heads"], r["variant"]) for r in results):
     cells = []
     for task in args.tasks.split(","):
-        got = [r for r in results if (r["heads"], r["variant"]) == key and r["task"].endswith(task)]
+        got = [r for r in results if (r["heads"], r["variant"]) == key and r["task"].endswith(task)
+               and r["recall"] is not None]
         mean = 100 * sum(r["recall"] for r in got) / max(len(got), 1)
         cells.append(f"{mean:5.1f} % ({sum(r['all'] for r in got):>2}/{len(got):<2} all)")
     print(f"{key[0]:28} {key[1]:22} " + " ".join(f"{c:>22}" for c in cells))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,12 @@ def qa_spans(task: str, index: int, context: str) -> list[list[int]]:
     return spans
 
 
+def vt_chain(context: str, names: list[str]) -> list[str]:
+    """vt's evidence: each answer variable's assignment (``VAR XKQZP = 33419``, ``VAR LOHBC = VAR XKQZP``),
+    as the wheel writes them, so recall counts every link of the chain, not only the names that occur once."""
+    return [m.group(0) for name in names for m in [re.search(rf"VAR {name} = (?:VAR [A-Z]+|\d+)", context)] if m]
+
+
 def to_row(task: str, item: dict, length: int, sample: int, max_new_tokens: int) -> Row:
     text = item["input"]
     # vt and cwe open with a worked example written in the same template: the row's own marks are the last
@@ -133,6 +140,8 @@ def to_row(task: str, item: dict, length: int, sample: int, max_new_tokens: int)
     instruction, question = (question[:at], question[at:]) if at > 0 else ("", question)
     meta = {"metric": "string_match_part" if task.startswith("qa") else "string_match_all",
             "generator": version(), "ruler_length": item.get("length")}
+    if task == "vt":
+        meta["evidence"] = vt_chain(context, [str(a) for a in item["outputs"]])
     if task.startswith("qa"):
         meta["evidence_spans"] = qa_spans(task, int(item["index"]), context) or None
         if meta["evidence_spans"] is None:
