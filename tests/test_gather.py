@@ -325,6 +325,12 @@ def test_maxsim_ranks_the_window_with_most_question_words_above_a_one_word_hub()
     weighted = window_maxsim(context, query, window, torch.tensor([0.0, 1.0, 1.0]))
     torch.testing.assert_close(weighted, torch.stack(
         [max_pool(sim[:, j].contiguous(), window) for j in (1, 2)], 1).mean(1))
+    # per-token offsets (a content-free question's scores) come off each token's cosines before the max
+    offsets = torch.zeros(n)
+    offsets[answer], offsets[::200] = 0.5, 0.1
+    calibrated = window_maxsim(context, query, window, offsets=offsets, block=64)
+    torch.testing.assert_close(calibrated, torch.stack(
+        [max_pool((sim[:, j] - offsets).contiguous(), window) for j in range(3)], 1).mean(1))
 
 
 def test_query_aggregate_maxsim_is_the_default_and_older_contexts_read_as_max():

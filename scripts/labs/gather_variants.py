@@ -86,6 +86,36 @@ def stop_words(name: str):
         module.content_tokens = original
 
 
+NULL_QUESTION = "N/A"      # ICR's content-free query (Chen et al., 2024, arXiv 2410.02642)
+
+
+@contextmanager
+def null_question(weight: float, text: str = NULL_QUESTION):
+    """REFORM's MaxSim ranking calibrated by a content-free question while inside: each context token's best
+    cosine to the tokens of ``text`` (asked in the question's place, every token searching), times
+    ``weight``, is subtracted from its cosines to the real question before the windows are scored, so a
+    token that matches any question at all (a hub) no longer tops the gather (ICR's calibration; QRHead's
+    "N/A" baseline)."""
+    from reform.engine.layout import QuestionPart
+    from reform.methods.reform import Reform, window_maxsim
+    original = Reform.ranking
+
+    def ranking(self, ctx, part, query):
+        c = self.config
+        if c.query_aggregate != "maxsim":
+            return original(self, ctx, part, query)
+        null = QuestionPart(part.separator, ctx.pipeline.templater.encode(text), part.suffix)
+        plain = type(self)(replace(c, query_tokens="all"))
+        offsets = weight * token_scores(ctx.state.data, plain.query_embeddings(ctx, null))
+        return window_maxsim(ctx.state.data, query, c.pool_window, top=c.maxsim_top, offsets=offsets)
+
+    Reform.ranking = ranking
+    try:
+        yield
+    finally:
+        Reform.ranking = original
+
+
 def paper(ctx, part) -> torch.Tensor:
     return reform_with(ctx).select(ctx, part, Timer())
 

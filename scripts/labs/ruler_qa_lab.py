@@ -14,13 +14,14 @@ docs/results/hubs-lab-docs); ``content``: REFORM's ``query_tokens="content"`` (t
 whitespace and punctuation dropped, RULER's instruction among them), alone and with the baseline;
 ``rag-dense``: 128-token passages by MiniLM, head-independent (once). ``--variants``: instead of those,
 REFORM options joined by ``+`` (``query_aggregate=maxsim+query_tokens=all``; ``stop=sklearn``: scikit-learn's
-stop-word list for the content tokens), ``default`` and ``rag-dense``. A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
+stop-word list for the content tokens; ``null=W``: ``gather_variants.null_question(W)``), ``default`` and ``rag-dense``. A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
 (``spans_kept`` over SQuAD's answer spans / HotpotQA's supporting-fact sentences); a re-run skips what is
 done. ``--explain N``: the first N rows missed by each REFORM variant get ``reform.eval.explain``'s screen
 in OUT.explain.md (the windows that outrank the evidence). The rows are ``reform eval ruler --generator
 official --seed 0``'s.
 """
 import argparse
+from contextlib import nullcontext
 import copy
 import dataclasses
 import json
@@ -36,7 +37,7 @@ from reform.engine.layout import QuestionPart
 from reform.eval.tasks import ruler_official
 from reform.methods.rag import PassageIndex, pick_passages
 from reform.methods.retrievers import Dense
-from gather_variants import head_subset, stop_words
+from gather_variants import head_subset, null_question, stop_words
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model")
@@ -73,7 +74,7 @@ def options(variant: str) -> dict:
     """A variant's REFORM options: a named one, or ``key=value`` pairs joined by ``+``."""
     if variant in NAMED:
         return NAMED[variant]
-    pairs = dict(p.split("=", 1) for p in variant.split("+") if p != "question-only" and not p.startswith("stop="))
+    pairs = dict(p.split("=", 1) for p in variant.split("+") if p != "question-only" and not p.startswith(("stop=", "null=")))
     return {k: (float(v) if k == "query_baseline" else int(v) if v.isdigit() else v) for k, v in pairs.items()}
 
 
@@ -85,8 +86,13 @@ def stop_list(variant: str) -> str:
     return next((p[5:] for p in variant.split("+") if p.startswith("stop=")), "bm25s")
 
 
+def null_weight(variant: str) -> float:
+    """A variant's weight on the content-free question's scores (``+null=1``; 0: none)."""
+    return next((float(p[5:]) for p in variant.split("+") if p.startswith("null=")), 0.0)
+
+
 def gathered(method, ctx, part, variant: str) -> torch.Tensor:
-    with stop_words(stop_list(variant)):
+    with stop_words(stop_list(variant)), null_question(null_weight(variant)) if null_weight(variant) else nullcontext():
         return method.select_scored(ctx, part, None)[0]
 
 

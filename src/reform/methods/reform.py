@@ -66,12 +66,14 @@ def query_offsets(context: torch.Tensor, query: torch.Tensor, quantile: float, s
 
 
 def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weights: torch.Tensor | None = None,
-                  top: int = 0, block: int = 1 << 15) -> torch.Tensor:
+                  top: int = 0, offsets: torch.Tensor | None = None, block: int = 1 << 15) -> torch.Tensor:
     """Per context token: the mean over query tokens of each query token's best cosine within the ``window``
     (odd) tokens centred on it, weighted by ``weights`` [Q] when given: ColBERT's MaxSim (Khattab and
     Zaharia, SIGIR 2020) over a sliding window, so a window scores by how many of the question's words it
     matches, not by its single best match. ``top`` > 0: the mean over the ``top`` query tokens that match
-    the window best. Same scale as ``token_scores``. Blockwise over N with a halo of ``window // 2`` tokens,
+    the window best. ``offsets`` [N]: subtracted from each context token's cosines before the max (a
+    per-token calibration, as ICR subtracts a content-free query's attention). Same scale as
+    ``token_scores``. Blockwise over N with a halo of ``window // 2`` tokens,
     never the whole [N, Q] matrix."""
     n, half = context.shape[0], window // 2
     q = query.float().T
@@ -81,6 +83,8 @@ def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weigh
     for s in range(0, n, block):
         lo, hi = max(0, s - half), min(n, s + block + half)
         sim = context[lo:hi].float() @ q                                         # [b + 2 half, Q]
+        if offsets is not None:
+            sim -= offsets[lo:hi, None].to(sim)
         pooled = F.max_pool1d(sim.T[None], window, 1, padding=half)[0]          # [Q, b + 2 half]
         e = min(n, s + block)
         pooled = pooled[:, s - lo:e - lo] * w[:, None] * q.shape[1]
