@@ -8,7 +8,7 @@ REFORM's recompute budget; nothing is generated. A row per (variant, question) g
 skips those done); the summary table is printed. Span recall is ``reform.eval.recall.spans_kept``, the
 check ``reform eval docs`` makes. HEADS.json: encode with these heads instead of the preset; a variant
 ``heads:H+H+...[|key=value+...]`` gathers with a subset of them (``gather_variants.head_subset``),
-``documents:H+H+...`` runs the documents default (REFORM+RAG, dense + BM25, pooled) over such a subset.
+``documents:H+H+...[|key=value+...]`` runs the documents default (REFORM+RAG, dense + BM25, pooled) over such a subset.
 """
 import copy
 import dataclasses
@@ -166,10 +166,12 @@ for name in TASKS:
             for variant in only or []:      # REFORM options: "opt:key=value+key=value", content tokens unless said
                 if variant.startswith("opt:"):     # "stop=sklearn": another stop-word list for the content tokens
                     kept[variant] = lambda v=variant: opt_gather(method, ctx, part, options(v[4:]))
-                if variant.startswith("documents:"):   # "documents:H+H": the documents default on a subset of the heads
+                if variant.startswith("documents:"):   # "documents:H+H[|key=value+...]": the documents default on a subset of the heads
                     ctx.extra.setdefault("all_passages", {}).update(dense=dense, bm25=bm25)   # the indexes built above
-                    kept[variant] = lambda names=variant[10:]: with_rag(head_subset(ctx, names), part, 0,
-                                                                        retriever="dense+bm25", pool_passages=True)
+                    names, _, opts = variant[10:].partition("|")
+                    kept[variant] = lambda names=names, opts=opts: with_rag(
+                        head_subset(ctx, names), part, 0, retriever="dense+bm25", pool_passages=True,
+                        **(options(opts) if opts else {}))
                 if variant.startswith("heads:"):   # "heads:H+H[|key=value+...]": REFORM on a subset of the heads
                     names, _, opts = variant[6:].partition("|")
                     kept[variant] = lambda names=names, opts=opts: subset_gather(ctx, part, names, opts)

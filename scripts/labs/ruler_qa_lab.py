@@ -18,7 +18,7 @@ stop-word list for the content tokens; ``null=W``: ``gather_variants.null_questi
 (``spans_kept`` over SQuAD's answer spans / HotpotQA's supporting-fact sentences); a re-run skips what is
 done. ``--explain N``: the first N rows missed by each REFORM variant get ``reform.eval.explain``'s screen
 in OUT.explain.md (the windows that outrank the evidence). The rows are ``reform eval ruler --generator
-official --seed 0``'s.
+official --seed N``'s (``--seed``, 0 unless given).
 """
 import argparse
 from contextlib import nullcontext
@@ -47,6 +47,7 @@ parser.add_argument("heads")
 parser.add_argument("--samples", type=int, default=20)
 parser.add_argument("--explain", type=int, default=0)
 parser.add_argument("--tasks", default="qa_1,qa_2")
+parser.add_argument("--seed", type=int, default=0, help="the rows of `reform eval ruler --seed N`")
 parser.add_argument("--contexts", type=Path, help="save each encoded context here and read it back on a re-run")
 parser.add_argument("--subsets", default="", help="NAME=HEAD+HEAD+...;...: also gather with these subsets "
                     "of the encoded heads, their embeddings sliced from the one encode")
@@ -118,7 +119,7 @@ for heads in args.heads.split(","):
     pipe = Pipeline.load(model, method="reform", **({} if heads == "shipped" else {"heads": spec}))
     label = "shipped" if heads == "shipped" else Path(heads).stem if heads.endswith(".json") else heads
     rows = [r for task in args.tasks.split(",")
-            for r in ruler_official.generate(task, pipe.tokenizer, args.length, args.samples, 0)]
+            for r in ruler_official.generate(task, pipe.tokenizer, args.length, args.samples, args.seed)]
     variants = [v for v in args.variants.split(",") if not v.startswith("rag-dense") or heads == args.heads.split(",")[0]]
     for row in rows:
         if all((view, v, row.id) in done for v in variants for view in [label, *subsets]
