@@ -93,7 +93,8 @@ def null_weight(variant: str) -> float:
 
 
 def gathered(method, ctx, part, variant: str) -> torch.Tensor:
-    with stop_words(stop_list(variant)), null_question(null_weight(variant)) if null_weight(variant) else nullcontext():
+    weight = null_weight(variant)
+    with stop_words(stop_list(variant)), (null_question(weight) if weight else nullcontext()):
         return method.select_scored(ctx, part, None)[0]
 
 
