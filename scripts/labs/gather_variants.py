@@ -34,6 +34,7 @@ from dataclasses import fields, replace
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from reform.engine.extractors import HeadEmbeddings, HeadSpec
 from reform.engine.policies import forced_mask
@@ -202,3 +203,44 @@ VARIANTS = {"paper": paper, "rounds2": rounds2,
             # the pooled documents mix with less weight on the retrievers (0.3 against the default 0.5)
             "ragbothpool.3": lambda ctx, part: with_rag(ctx, part, 0, retriever="dense+bm25", pool_passages=True,
                                                         weight=0.3)}
+
+
+def whole_windows(scores: torch.Tensor, budget: int, keep: int, window: int) -> torch.Tensor:
+    """The budget as whole windows instead of the best tokens: the ends, then the ``window`` tokens centred
+    on the best-scoring token, then those centred on the best token outside them, and so on; the last
+    window cut to what is left, nearest its centre first. A window's score (MaxSim's) rates the window
+    centred on a token, so this keeps what was rated, and no budget goes to runs of a few tokens whose
+    centred windows score a hair above the cut."""
+    n = scores.shape[0]
+    taken = forced_mask(n, keep, keep, scores.device)
+    left, half = budget - int(taken.sum()), window // 2
+    for p in torch.argsort(scores, descending=True, stable=True).tolist():
+        if left <= 0:
+            break
+        if taken[p]:
+            continue
+        lo = max(0, p - half)
+        free = torch.nonzero(~taken[lo:p + half + 1]).flatten() + lo
+        if free.numel() > left:
+            free = free[(free - p).abs().argsort(stable=True)[:left]]
+        taken[free] = True
+        left -= free.numel()
+    return torch.nonzero(taken).flatten()
+
+
+def without_fragments(scores: torch.Tensor, budget: int, keep: int, shortest: int = 16) -> torch.Tensor:
+    """REFORM's gather with its runs of fewer than ``shortest`` tokens (the ends aside) given back, and the
+    budget they held spent growing the kept runs: each time the best-scoring token next to a kept run."""
+    n = scores.shape[0]
+    kept = gather_indices(scores, budget, keep, keep)
+    taken = torch.zeros(n, dtype=torch.bool, device=scores.device)
+    taken[kept] = True
+    forced = forced_mask(n, keep, keep, scores.device)
+    cuts = torch.nonzero(kept.diff() > 1).flatten() + 1
+    for run in torch.tensor_split(kept, cuts.tolist()):
+        if run.numel() < shortest and not forced[run].any():
+            taken[run] = False
+    for _ in range(budget - int(taken.sum())):
+        edge = ~taken & (F.pad(taken[1:], (0, 1)) | F.pad(taken[:-1], (1, 0)))
+        taken[int(scores.masked_fill(~edge, float("-inf")).argmax())] = True
+    return torch.nonzero(taken).flatten()

@@ -14,7 +14,7 @@ docs/results/hubs-lab-docs); ``content``: REFORM's ``query_tokens="content"`` (t
 whitespace and punctuation dropped, RULER's instruction among them), alone and with the baseline;
 ``rag-dense``: 128-token passages by MiniLM, head-independent (once). ``--variants``: instead of those,
 REFORM options joined by ``+`` (``query_aggregate=maxsim+query_tokens=all``; ``stop=sklearn``: scikit-learn's
-stop-word list for the content tokens; ``null=W``: ``gather_variants.null_question(W)``), ``default`` and ``rag-dense``. A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
+stop-word list for the content tokens; ``null=W``: ``gather_variants.null_question(W)``; ``windows``: ``gather_variants.whole_windows``; ``nofrag``: ``gather_variants.without_fragments``), ``default`` and ``rag-dense``. A row per (heads, variant, row) goes to OUT.jsonl with its span recall as ``reform eval`` computes it
 (``spans_kept`` over SQuAD's answer spans / HotpotQA's supporting-fact sentences); a re-run skips what is
 done. ``--explain N``: the first N rows missed by each REFORM variant get ``reform.eval.explain``'s screen
 in OUT.explain.md (the windows that outrank the evidence). The rows are ``reform eval ruler --generator
@@ -37,7 +37,7 @@ from reform.engine.layout import QuestionPart
 from reform.eval.tasks import ruler_official
 from reform.methods.rag import PassageIndex, pick_passages
 from reform.methods.retrievers import Dense
-from gather_variants import head_subset, null_question, stop_words
+from gather_variants import head_subset, null_question, stop_words, whole_windows, without_fragments
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model")
@@ -75,7 +75,7 @@ def options(variant: str) -> dict:
     """A variant's REFORM options: a named one, or ``key=value`` pairs joined by ``+``."""
     if variant in NAMED:
         return NAMED[variant]
-    pairs = dict(p.split("=", 1) for p in variant.split("+") if p != "question-only" and not p.startswith(("stop=", "null=")))
+    pairs = dict(p.split("=", 1) for p in variant.split("+") if p not in ("question-only", "windows", "nofrag") and not p.startswith(("stop=", "null=")))
     return {k: (float(v) if k == "query_baseline" else int(v) if v.isdigit() else v) for k, v in pairs.items()}
 
 
@@ -95,7 +95,20 @@ def null_weight(variant: str) -> float:
 def gathered(method, ctx, part, variant: str) -> torch.Tensor:
     weight = null_weight(variant)
     with stop_words(stop_list(variant)), (null_question(weight) if weight else nullcontext()):
+        if "windows" in variant.split("+") and ctx.state is not None:
+            c = method.config
+            return whole_windows(method.scores(ctx, part), c.recompute_budget, c.gather_keep, c.pool_window)
+        if "nofrag" in variant.split("+") and ctx.state is not None:
+            c = method.config
+            return without_fragments(method.scores(ctx, part), c.recompute_budget, c.gather_keep)
         return method.select_scored(ctx, part, None)[0]
+
+
+def runs(kept: torch.Tensor, short: int = 16) -> tuple[int, int]:
+    """How many contiguous runs ``kept`` makes, and how many of its tokens lie in runs under ``short``."""
+    cuts = torch.nonzero(kept.diff() > 1).flatten() + 1
+    lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([kept.numel()])]))
+    return int(lengths.numel()), int(lengths[lengths < short].sum())
 
 
 def kept_flags(pipe, ctx, row, kept, decoded: dict) -> list[bool]:
@@ -157,9 +170,10 @@ for heads in args.heads.split(","):
                         continue
                     kept = gathers[variant]()
                     flags = kept_flags(pipe, ctx, row, kept, decoded)
+                    count, in_short = runs(kept)
                     out.write(json.dumps({"heads": view, "variant": variant, "task": row.task, "id": row.id,
                                           "recall": sum(flags) / len(flags) if flags else None, "all": all(flags),
-                                          "tokens": int(kept.numel()), "encode_s": encode_s and round(encode_s, 2)}) + "\n")
+                                          "tokens": int(kept.numel()), "runs": count, "in_short_runs": in_short, "encode_s": encode_s and round(encode_s, 2)}) + "\n")
                     key = (view, variant)
                     if not variant.startswith("rag-dense") and not all(flags) and explained.get(key, 0) < args.explain:
                         explained[key] = explained.get(key, 0) + 1

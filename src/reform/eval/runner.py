@@ -78,6 +78,12 @@ def answer_group(pipe, rows: list[Row], force_over_window: bool, progress: "RowP
     except ValueError as e:
         yield from ((row, "error", {"reason": str(e)}) for row in rows)
         return
+    yield from answer_context(pipe, ctx, rows, explain, batch)
+
+
+def answer_context(pipe, ctx, rows: list[Row], explain: bool = False, batch: int = 1) -> Iterator[tuple[Row, str, dict]]:
+    """Ask every row's question of the encoded ``ctx``: yields (row, status, record fields), as
+    ``answer_group`` (whose second half this is; a lab asks a context seen through a subset of its heads)."""
     context_text = None        # decoded once per context, for the gold recall of all its questions
     asked = [{"question": row.question, "answer_prefix": row.answer_prefix, "max_new_tokens": row.max_new_tokens,
               "layout": row.layout, "instruction": row.instruction} for row in rows]
