@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from reform.engine.extractors import HeadEmbeddings, HeadSpec
 from reform.engine.policies import forced_mask
+from reform.eval.recall import kept_runs
 from reform.stats import Timer
 from reform.methods.reform import (PEAK_RUN, distinct_peaks, gather_indices, max_pool, ordered_run_scores, raise_run_windows,
                      token_scores)
@@ -236,10 +237,9 @@ def without_fragments(scores: torch.Tensor, budget: int, keep: int, shortest: in
     taken = torch.zeros(n, dtype=torch.bool, device=scores.device)
     taken[kept] = True
     forced = forced_mask(n, keep, keep, scores.device)
-    cuts = torch.nonzero(kept.diff() > 1).flatten() + 1
-    for run in torch.tensor_split(kept, cuts.tolist()):
-        if run.numel() < shortest and not forced[run].any():
-            taken[run] = False
+    for start, stop in kept_runs(kept):
+        if stop - start < shortest and not forced[start:stop].any():
+            taken[start:stop] = False
     for _ in range(budget - int(taken.sum())):
         edge = ~taken & (F.pad(taken[1:], (0, 1)) | F.pad(taken[:-1], (1, 0)))
         taken[int(scores.masked_fill(~edge, float("-inf")).argmax())] = True

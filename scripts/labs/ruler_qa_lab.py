@@ -32,7 +32,7 @@ import torch
 
 from reform import Pipeline
 from reform.eval.explain import explain, render
-from reform.eval.recall import evidence, gold_kept, spans_kept
+from reform.eval.recall import evidence, gold_kept, kept_runs, spans_kept
 from reform.engine.layout import QuestionPart
 from reform.eval.tasks import ruler_official
 from reform.methods.rag import PassageIndex, pick_passages
@@ -106,9 +106,8 @@ def gathered(method, ctx, part, variant: str) -> torch.Tensor:
 
 def runs(kept: torch.Tensor, short: int = 16) -> tuple[int, int]:
     """How many contiguous runs ``kept`` makes, and how many of its tokens lie in runs under ``short``."""
-    cuts = torch.nonzero(kept.diff() > 1).flatten() + 1
-    lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([kept.numel()])]))
-    return int(lengths.numel()), int(lengths[lengths < short].sum())
+    lengths = [e - s for s, e in kept_runs(kept)]
+    return len(lengths), sum(n for n in lengths if n < short)
 
 
 def kept_flags(pipe, ctx, row, kept, decoded: dict) -> list[bool]:
