@@ -1,0 +1,61 @@
+"""The fresh draw's tables: each suite's score and gold recall per head set, the preset against each earlier
+set row by row (exact sign test, ``reform.eval.paired``), then every row of this draw pooled, and this draw
+pooled with the earlier draws of heads-chains-smollm2 (its ``pooled.py`` rows).
+
+    python docs/results/heads-fresh-draw-smollm2/summary.py
+"""
+import contextlib
+import io
+import runpy
+from pathlib import Path
+
+from reform.eval.paired import compare
+from reform.eval.records import folder_records
+
+HERE = Path(__file__).parent
+SUITES = {"ruler13-seed3": "RULER's 13 official tasks, seed 3", "ruler-builtin-seed1": "built-in RULER-style, seed 1",
+          "niah-8k-32k-seed3": "NIAH 8k-32k x 5 depths, seed 3"}
+SETS = ("preset", "synthetic", "HotpotQA")
+
+
+def mean(values: list) -> str:
+    return f"{100 * sum(values) / len(values):.1f} %" if values else ""
+
+
+def line(c: dict) -> str:
+    return (f"{c['better']} / {c['worse']} (p = {c['p']:.2g}); evidence {c['recall_better']} / "
+            f"{c['recall_worse']}")
+
+
+print("| suite | rows | " + " | ".join(SETS) + " | gold recall " + " / ".join(SETS)
+      + " | preset vs synthetic | preset vs HotpotQA |")
+print("|---" * 8 + "|")
+every = []
+for folder, title in SUITES.items():
+    if not (HERE / folder / "predictions.jsonl").exists():
+        continue
+    records = [r for r in folder_records(HERE / folder)[1] if r["status"] == "ok"]
+    records = [{**r, "id": f"{folder}/{r['id']}"} for r in records]
+    every += records
+    scores = [mean([r["score"] for r in records if r["method"] == s]) for s in SETS]
+    recalls = [mean([r["recall"] for r in records if r["method"] == s and r.get("recall") is not None]) for s in SETS]
+    pairs = [compare(records, base, "preset") for base in ("synthetic", "HotpotQA")]
+    print(f"| {title} | {pairs[0]['rows']} | " + " | ".join(scores) + " | " + " / ".join(recalls) + " | "
+          + " | ".join(line(c) for c in pairs) + " |")
+
+print()
+for base in ("synthetic", "HotpotQA"):
+    c = compare(every, base, "preset")
+    print(f"this draw, every row once, preset against {base}: score {c['rows']} rows, higher {c['better']} / "
+          f"lower {c['worse']} (p = {c['p']:.2g}); gold evidence higher {c['recall_better']} / lower "
+          f"{c['recall_worse']} (p = {c['recall_p']:.2g})")
+
+# the earlier draws (bf16, another machine): heads-chains-smollm2/pooled.py's rows, its set names the same
+with contextlib.redirect_stdout(io.StringIO()):      # its own tables are in its README
+    earlier = runpy.run_path(str(HERE.parent / "heads-chains-smollm2" / "pooled.py"), run_name="earlier")["every"]
+both = earlier + every
+for base in ("synthetic", "HotpotQA"):
+    c = compare(both, base, "preset")
+    print(f"with the earlier draws, preset against {base}: score {c['rows']} rows, higher {c['better']} / "
+          f"lower {c['worse']} (p = {c['p']:.2g}); gold evidence higher {c['recall_better']} / lower "
+          f"{c['recall_worse']} (p = {c['recall_p']:.2g})")
