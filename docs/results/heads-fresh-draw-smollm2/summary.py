@@ -1,6 +1,7 @@
 """The fresh draw's tables: each suite's score and gold recall per head set, the preset against each earlier
 set row by row (exact sign test, ``reform.eval.paired``), then every row of this draw pooled, and this draw
-pooled with the earlier draws of heads-chains-smollm2 (its ``pooled.py`` rows).
+pooled with the earlier draws of heads-chains-smollm2 (its ``pooled.py`` rows; its vt seed-2 rows, where the
+old sets ran at pool 113, replaced by this folder's).
 
     python docs/results/heads-fresh-draw-smollm2/summary.py
 """
@@ -14,7 +15,8 @@ from reform.eval.records import folder_records
 
 HERE = Path(__file__).parent
 SUITES = {"ruler13-seed3": "RULER's 13 official tasks, seed 3", "ruler-builtin-seed1": "built-in RULER-style, seed 1",
-          "niah-8k-32k-seed3": "NIAH 8k-32k x 5 depths, seed 3"}
+          "niah-8k-32k-seed3": "NIAH 8k-32k x 5 depths, seed 3",
+          "vt-seed2": "RULER vt, seed 2 (heads-chains' rows, the old sets at their own pool 129)"}
 SETS = ("preset", "synthetic", "HotpotQA")
 
 
@@ -30,11 +32,13 @@ def line(c: dict) -> str:
 print("| suite | rows | " + " | ".join(SETS) + " | gold recall " + " / ".join(SETS)
       + " | preset vs synthetic | preset vs HotpotQA |")
 print("|---" * 8 + "|")
-every = []
+every, replaced = [], set()
 for folder, title in SUITES.items():
     if not (HERE / folder / "predictions.jsonl").exists():
         continue
     records = [r for r in folder_records(HERE / folder)[1] if r["status"] == "ok"]
+    if folder == "vt-seed2":        # the same rows as heads-chains' vt-seed2, which they replace in the pooling
+        replaced |= {r["id"] for r in records}
     records = [{**r, "id": f"{folder}/{r['id']}"} for r in records]
     every += records
     scores = [mean([r["score"] for r in records if r["method"] == s]) for s in SETS]
@@ -53,7 +57,7 @@ for base in ("synthetic", "HotpotQA"):
 # the earlier draws (bf16, another machine): heads-chains-smollm2/pooled.py's rows, its set names the same
 with contextlib.redirect_stdout(io.StringIO()):      # its own tables are in its README
     earlier = runpy.run_path(str(HERE.parent / "heads-chains-smollm2" / "pooled.py"), run_name="earlier")["every"]
-both = earlier + every
+both = [r for r in earlier if r["id"] not in replaced] + every
 for base in ("synthetic", "HotpotQA"):
     c = compare(both, base, "preset")
     print(f"with the earlier draws, preset against {base}: score {c['rows']} rows, higher {c['better']} / "
