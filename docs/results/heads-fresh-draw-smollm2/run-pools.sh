@@ -11,3 +11,5 @@ cd scripts/labs
 python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed3 $U "$SETS" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 3
 python suite_heads_lab.py ruler-official ../../$D/ruler13-seed3 $U "$SETS" --lengths 32k --seed 3
 python suite_heads_lab.py ruler-official ../../$D/vt-seed2 $U "$SETS" --lengths 32k --tasks vt --samples 10 --seed 2
+# then the built-in RULER-style suite (run.sh's last step), with all five sets
+python suite_heads_lab.py ruler ../../$D/ruler-builtin-seed1 $U "$SETS" --lengths 32k --seed 1

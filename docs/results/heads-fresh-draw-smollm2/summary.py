@@ -18,6 +18,7 @@ SUITES = {"ruler13-seed3": "RULER's 13 official tasks, seed 3", "ruler-builtin-s
           "niah-8k-32k-seed3": "NIAH 8k-32k x 5 depths, seed 3",
           "vt-seed2": "RULER vt, seed 2 (heads-chains' rows, the old sets at their own pool 129)"}
 SETS = ("preset", "synthetic", "HotpotQA")
+POOLS = ("preset", "preset129", "preset145")     # the preset's heads at pools 113, 129 and 145 (run-pools.sh)
 
 
 def mean(values: list) -> str:
@@ -47,6 +48,21 @@ for folder, title in SUITES.items():
     print(f"| {title} | {pairs[0]['rows']} | " + " | ".join(scores) + " | " + " / ".join(recalls) + " | "
           + " | ".join(line(c) for c in pairs) + " |")
 
+print()
+print("The preset's heads at three pools (run-pools.sh), rows answered by every set: score (evidence)")
+print("| suite | rows | " + " | ".join(SETS[1:] + POOLS) + " | " + " | ".join(f"{p} vs synthetic" for p in POOLS) + " |")
+print("|---" * (2 + len(SETS[1:] + POOLS) + len(POOLS)) + "|")
+for folder, title in SUITES.items():
+    records = [r for r in every if r["id"].startswith(folder + "/")]
+    ids = set.intersection(*({r["id"] for r in records if r["method"] == s} for s in SETS + POOLS[1:]))
+    records = [r for r in records if r["id"] in ids]
+    if not ids:
+        continue
+    cells = [mean([r["score"] for r in records if r["method"] == s]) + " ("
+             + mean([r["recall"] for r in records if r["method"] == s and r.get("recall") is not None]) + ")"
+             for s in SETS[1:] + POOLS]
+    pairs = [compare(records, "synthetic", p) for p in POOLS]
+    print(f"| {title} | {len(ids)} | " + " | ".join(cells) + " | " + " | ".join(line(c) for c in pairs) + " |")
 print()
 for base in ("synthetic", "HotpotQA"):
     c = compare(every, base, "preset")
