@@ -25,6 +25,12 @@ def mean(values: list) -> str:
     return f"{100 * sum(values) / len(values):.1f} %" if values else ""
 
 
+def score_and_recall(records: list, method: str) -> tuple[str, str]:
+    """The method's mean score and mean gold recall (over the rows that have one) in these records."""
+    mine = [r for r in records if r["method"] == method]
+    return mean([r["score"] for r in mine]), mean([r["recall"] for r in mine if r.get("recall") is not None])
+
+
 def line(c: dict) -> str:
     return (f"{c['better']} / {c['worse']} (p = {c['p']:.2g}); evidence {c['recall_better']} / "
             f"{c['recall_worse']}")
@@ -42,8 +48,7 @@ for folder, title in SUITES.items():
         replaced |= {r["id"] for r in records}
     records = [{**r, "id": f"{folder}/{r['id']}"} for r in records]
     every += records
-    scores = [mean([r["score"] for r in records if r["method"] == s]) for s in SETS]
-    recalls = [mean([r["recall"] for r in records if r["method"] == s and r.get("recall") is not None]) for s in SETS]
+    scores, recalls = zip(*(score_and_recall(records, s) for s in SETS))
     pairs = [compare(records, base, "preset") for base in ("synthetic", "HotpotQA")]
     print(f"| {title} | {pairs[0]['rows']} | " + " | ".join(scores) + " | " + " / ".join(recalls) + " | "
           + " | ".join(line(c) for c in pairs) + " |")
@@ -58,9 +63,7 @@ for folder, title in SUITES.items():
     records = [r for r in records if r["id"] in ids]
     if not ids:
         continue
-    cells = [mean([r["score"] for r in records if r["method"] == s]) + " ("
-             + mean([r["recall"] for r in records if r["method"] == s and r.get("recall") is not None]) + ")"
-             for s in SETS[1:] + POOLS]
+    cells = ["{} ({})".format(*score_and_recall(records, s)) for s in SETS[1:] + POOLS]
     pairs = [compare(records, "synthetic", p) for p in POOLS]
     print(f"| {title} | {len(ids)} | " + " | ".join(cells) + " | " + " | ".join(line(c) for c in pairs) + " |")
 print()
