@@ -19,6 +19,8 @@ haystack text).
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,10 +29,15 @@ from . import babilong, mm_niah, niah, ruler, ruler_official, shared
 from .scoring import score
 
 
+GENERATOR_PROCESSES = 4
+
+
 @dataclass(frozen=True)
 class Suite:
     tasks: tuple[str, ...]
     generate: Callable[..., list[Row]]   # (task, tok, length, samples, seed, haystack_dir, depths) -> rows
+    # each call waits on its own generator process (RULER's scripts), so calls can run side by side
+    in_subprocesses: bool = False
 
 
 SUITES = {
@@ -39,7 +46,7 @@ SUITES = {
     "babilong": Suite(babilong.TASKS, babilong.generate),
     "shared": Suite(shared.TASKS, shared.generate),
     "mm-niah": Suite(mm_niah.TASKS, mm_niah.generate),
-    "ruler-official": Suite(ruler_official.TASKS, ruler_official.generate),
+    "ruler-official": Suite(ruler_official.TASKS, ruler_official.generate, in_subprocesses=True),
 }
 
 
@@ -65,9 +72,14 @@ def make_rows(suite: str, tokenizer, lengths: list[int], samples: int, seed: int
         raise ValueError("samples must be at least 1")
     if depths is not None and any(not 0.0 <= d <= 1.0 for d in depths):
         raise ValueError("depths must be within 0..1")
-    gen = SUITES[suite].generate
-    return [row for task in chosen for length in lengths
-            for row in gen(task, tokenizer, int(length), samples, seed, haystack_dir, depths)]
+    suite_ = SUITES[suite]
+    calls = [(task, int(length)) for task in chosen for length in lengths]
+    generate = lambda call: suite_.generate(call[0], tokenizer, call[1], samples, seed, haystack_dir, depths)
+    if not suite_.in_subprocesses or len(calls) == 1:
+        return [row for call in calls for row in generate(call)]
+    # RULER's needle scripts hold about 1 GB each (every adjective-noun pair): a few at a time
+    with ThreadPoolExecutor(min(GENERATOR_PROCESSES, os.cpu_count() or 1, len(calls))) as pool:
+        return [row for rows in pool.map(generate, calls) for row in rows]
 
 
 __all__ = ["SUITES", "Suite", "make_rows", "score", "suite_tasks"]
