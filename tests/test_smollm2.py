@@ -40,9 +40,9 @@ def test_inside_window_reform_is_plain_generation(pipe):
 
 
 def test_needle_beyond_the_window_encode_once_ask_twice(pipe):
-    text, needle = needle_text(pipe, 3 * pipe.engine.shape.window, 0.3, seed=2)   # 24k tokens
+    text, needle = needle_text(pipe, 2 * pipe.engine.shape.window, 0.3, seed=2)   # 16k tokens
     ctx = pipe.encode(text)
-    assert ctx.ids.shape[0] > 3 * pipe.engine.shape.window - 100
+    assert ctx.ids.shape[0] > 2 * pipe.engine.shape.window - 100
     t = time.perf_counter()
     first = ctx.ask(needle.question, answer_prefix=needle.answer_prefix, max_new_tokens=16)
     second = ctx.ask(needle.question, answer_prefix=needle.answer_prefix, max_new_tokens=16)
@@ -61,14 +61,14 @@ def test_cli_encode_then_ask_context_equals_ask_file(tmp_path):
 
     from reform.cli.main import app
     pipe = Pipeline.load()
-    text, needle = needle_text(pipe, 12000, 0.4, seed=3)
+    text, needle = needle_text(pipe, 9000, 0.4, seed=3)        # beyond the 8k window
     doc, saved = tmp_path / "doc.txt", tmp_path / "doc.reform"
     doc.write_text(text)
     runner = CliRunner()
     enc = runner.invoke(app, ["encode", str(doc), "-o", str(saved), "--json"])
     assert enc.exit_code == 0, enc.output
     info = json.loads(enc.stdout.strip().splitlines()[-1])
-    assert info["bytes"] == saved.stat().st_size and info["tokens"] > 12000
+    assert info["bytes"] == saved.stat().st_size and info["tokens"] > 9000
     args = ["-q", needle.question, "--answer-prefix", needle.answer_prefix, "--json"]
     direct = runner.invoke(app, ["ask", str(doc), *args])
     from_file = runner.invoke(app, ["ask", "--context", str(saved), *args])
