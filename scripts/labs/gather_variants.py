@@ -118,6 +118,36 @@ def null_question(weight: float, text: str = NULL_QUESTION):
         Reform.ranking = original
 
 
+GAP_MARK = " ...\n"     # where text was left out, as an excerpt marks it
+
+
+@contextmanager
+def gap_marks(mark: str = GAP_MARK):
+    """REFORM's recompute with ``mark``'s tokens between gathered runs that are not contiguous in the context,
+    while inside: the reader sees where text was left out, as a RAG prompt sees where its passages break,
+    instead of the paper's runs joined end to end (§3.3). The gather is unchanged; the marks add a few
+    tokens per run to the prompt."""
+    from reform.methods.base import Prompt
+    from reform.methods.reform import Reform
+    original = Reform.prompt
+
+    def prompt(self, ctx, part, timer):
+        ids, cache, keep, scores = original(self, ctx, part, timer)
+        if keep is None or keep.shape[0] == 0:
+            return Prompt(ids, cache, keep, scores)
+        mark_ids = torch.tensor(ctx.pipeline.templater.encode(mark), dtype=ids.dtype, device=ids.device)
+        breaks = (torch.nonzero(keep[1:] != keep[:-1] + 1).flatten() + 1).tolist()
+        runs = torch.tensor_split(ids[:keep.shape[0]], breaks)
+        pieces = [piece for run in runs[:-1] for piece in (run, mark_ids)] + [runs[-1], ids[keep.shape[0]:]]
+        return Prompt(torch.cat(pieces), cache, keep, scores)
+
+    Reform.prompt = prompt
+    try:
+        yield
+    finally:
+        Reform.prompt = original
+
+
 def paper(ctx, part) -> torch.Tensor:
     return reform_with(ctx).select(ctx, part, Timer())
 

@@ -1,11 +1,11 @@
 """Why does the reader miss a needle the gather kept? One NIAH row, encoded once per head set, answered
-with REFORM's gather, ``gather_variants.whole_windows`` and ``without_fragments``; prints each answer, the gathered runs
+with REFORM's gather, ``gather_variants.whole_windows``, ``without_fragments`` and ``gap_marks``; prints each answer, the gathered runs
 and which run holds the needle (a lab; issue 69).
 
     python scripts/labs/niah_reading_lab.py LENGTH DEPTH SEED HEADS[;HEADS...] [--haystack DIR] [--contexts DIR] [--variants V,...]
 
 HEADS: ``shipped`` or a preset JSON. The row is ``reform eval niah --lengths LENGTH --depths DEPTH --seed
-SEED [--haystack DIR]``'s. ``--variants``: ``default``, ``windows``, ``nofrag``, or REFORM options
+SEED [--haystack DIR]``'s. ``--variants``: ``default``, ``windows``, ``nofrag``, ``gaps``, or REFORM options
 (``pool_window=129+run_peaks=0``).
 """
 import argparse
@@ -20,7 +20,7 @@ from reform.eval.recall import kept_runs
 from reform.eval.specs import parse_lengths
 from reform.eval.tasks import niah
 from reform.methods.reform import Reform
-from gather_variants import whole_windows, without_fragments
+from gather_variants import GAP_MARK, gap_marks, whole_windows, without_fragments
 
 parser = argparse.ArgumentParser()
 parser.add_argument("length")
@@ -31,7 +31,7 @@ parser.add_argument("--haystack")
 parser.add_argument("--contexts", type=Path)
 parser.add_argument("--chars", type=int, default=100)
 parser.add_argument("--variants", default="default,windows,nofrag",
-                    help="default, windows, nofrag, or REFORM options key=value joined by +")
+                    help="default, windows, nofrag, gaps, or REFORM options key=value joined by +")
 args = parser.parse_args()
 
 
@@ -75,7 +75,8 @@ for heads in args.heads.split(";"):
         if "=" in name:
             pairs = dict(p.split("=", 1) for p in name.split("+"))
             ctx.method = type(method)(replace(method.config, **{k: int(v) if v.isdigit() else v for k, v in pairs.items()}))
-        with patched(name) if name in ("windows", "nofrag") else torch.no_grad():
+        with patched(name) if name in ("windows", "nofrag") else gap_marks(GAP_MARK) if name == "gaps" \
+                else torch.no_grad():
             ans = ctx.ask(row.question, answer_prefix=row.answer_prefix, max_new_tokens=row.max_new_tokens,
                           layout=row.layout, instruction=row.instruction)
         ctx.method = method

@@ -11,11 +11,13 @@ set exits the encode after the same layer (the union's deepest), this is exactly
 --methods reform:heads=SET`` answers, at one encode's cost instead of one per set. Rows go to
 OUT_DIR/predictions.jsonl under each set's NAME (a re-run skips those there), so ``reform eval compare
 OUT_DIR`` pairs the sets row by row. ``|key=value+...`` after a set's heads: REFORM options for that set
-(``pool_window=129``: a set as it ran before the preset's window became 113). SUITE: niah, ruler (the built-in generator) or ruler-official.
+(``pool_window=129``: a set as it ran before the preset's window became 113); ``gaps=1``: the recompute with
+``gather_variants.gap_marks`` between runs. SUITE: niah, ruler (the built-in generator) or ruler-official.
 """
 import argparse
 import hashlib
 import json
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +27,7 @@ from reform.eval.records import PREDICTIONS, read_predictions, record_for
 from reform.eval.runner import answer_context, default_scorer, details, group_by_context
 from reform.eval.specs import parse_lengths
 from reform.eval.tasks import make_rows
-from gather_variants import head_subset
+from gather_variants import gap_marks, head_subset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("suite", choices=("niah", "ruler", "ruler-official"))
@@ -60,12 +62,13 @@ for group in group_by_context(rows):
     for name, heads in sets.items():
         names, _, given = heads.partition("|")
         view = head_subset(ctx, names)
-        if given:
-            options = {k: int(v) if v.isdigit() else v for k, v in (p.split("=", 1) for p in given.split("+"))}
+        options = {k: int(v) if v.isdigit() else v for k, v in (p.split("=", 1) for p in given.split("+") if p)}
+        marked = bool(options.pop("gaps", 0))
+        if options:
             view.method = type(view.method)(replace(view.method.config, **options))
         spec = SimpleNamespace(label=name, name="reform")
         config_hash = hashlib.sha256(heads.encode()).hexdigest()[:12]
-        with path.open("a") as sink:
+        with path.open("a") as sink, gap_marks() if marked else nullcontext():
             for row, status, extra in answer_context(pipe, view, [r for r in group if (name, r.id) not in done]):
                 if status == "ok":
                     extra["score"] = float(score(row, extra["prediction"]))
