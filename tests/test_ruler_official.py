@@ -6,6 +6,7 @@ its evidence spans) are where RULER put them."""
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -75,6 +76,19 @@ def test_rows_are_a_function_of_the_seed(tokenizer):
     again = ruler_official.generate("vt", tokenizer, LENGTH, 1, seed=0)
     other = ruler_official.generate("vt", tokenizer, LENGTH, 1, seed=1)
     assert first[0].id == again[0].id != other[0].id
+
+
+@pytest.mark.parametrize("task, length", [("vt", 400), ("qa_1", 600)])
+def test_a_length_that_fits_no_haystack_is_refused_not_retried_forever(task, length, tokenizer):
+    """RULER's scripts retry the same too-long draw forever when not one block of haystack fits: vt at 400,
+    where its worked example and answer fill the length, and qa_1 at 600, shorter than ten documents."""
+    pool = ThreadPoolExecutor(1)
+    made = pool.submit(ruler_official.generate, task, tokenizer, length, 1, 0)
+    pool.shutdown(wait=False)
+    error = made.exception(timeout=120)         # a regression fails here instead of hanging the suite
+    assert isinstance(error, ValueError)
+    assert str(error) == (f"{length} tokens are too few for RULER's {task} in this model's tokenizer: its "
+                          "generator cannot fit one block of haystack; ask a longer length")
 
 
 def test_the_generator_choice_of_the_cli():

