@@ -132,3 +132,17 @@ def tiny_vlm_dir(tmp_path_factory):
     processor.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A server's context store folder (``reform serve --store``)."""
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def live(store):
+    """``live_server.LiveServer`` over the tiny model and ``store``, for the server tests."""
+    from live_server import LiveServer, make_pipe
+    with LiveServer(make_pipe(), store) as server:
+        yield server

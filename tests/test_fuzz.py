@@ -197,7 +197,7 @@ def test_fuzz_api(api_model, method, data):
 # The HTTP API ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from test_server import LiveServer, make_pipe
+    from live_server import LiveServer, make_pipe
     with LiveServer(make_pipe(), tmp_path_factory.mktemp("store")) as live:
         yield live
 
@@ -254,7 +254,7 @@ TENANT_KEYS = {"alice": "k-alice-0123456789abcdef", "bob": "k-bob-" + "x" * 4000
 
 @pytest.fixture(scope="module")
 def tenant_server(tmp_path_factory):
-    from test_server import LiveServer, make_pipe
+    from live_server import LiveServer, make_pipe
 
     from reform.server import Settings
     folder = tmp_path_factory.mktemp("tenants")

@@ -167,7 +167,7 @@ def test_openai_client_sends_image_parts_to_reform_serve(vlm, tmp_path):
     question with an image of its own; the answer is the library's for the same parts. Bad images and
     images for a text-only model are 400s in the OpenAI error shape."""
     import openai
-    from test_server import LiveServer, make_pipe
+    from live_server import LiveServer, make_pipe
     red, blue = picture((200, 30, 30)), picture((30, 30, 200), "A")
     messages = [{"role": "system", "content": [{"type": "text", "text": WORDS * 4},
                                                {"type": "image_url", "image_url": {"url": data_url(red)}},

@@ -13,7 +13,7 @@ import pytest
 
 from reform.documents import extract_bytes
 
-from test_server import LiveServer, make_pipe
+from live_server import LiveServer, make_pipe
 
 PDF = (Path(__file__).parent / "data" / "documents" / "book.pdf").read_bytes()
 Q = "What number was engraved on the silver medal?"

@@ -9,7 +9,7 @@ import pytest
 
 from reform.server import Settings
 
-from test_server import LiveServer, make_pipe
+from live_server import LiveServer, make_pipe
 from test_tenants import ALICE, BOB, keys_file
 
 WORDS = "apple river stone cloud maple harbor lantern violet copper meadow".split()

@@ -8,7 +8,7 @@ import sys
 import httpx
 import pytest
 
-from test_server import DOC, QUESTION, LiveServer, make_pipe
+from live_server import DOC, QUESTION, LiveServer, make_pipe
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

@@ -7,7 +7,7 @@ import pytest
 
 from reform.pipeline import Pipeline
 
-from test_server import LiveServer
+from live_server import LiveServer
 from test_smollm2 import needle_text
 
 pytestmark = [pytest.mark.slow,

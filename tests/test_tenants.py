@@ -19,7 +19,7 @@ from reform.server.tenants import DailyTokens, KeysFileError, Tenant, Tenants, r
 from reform.server.scheduler import Job
 from reform.store import ContextStore
 
-from test_server import DOC, QUESTION, LiveServer, make_pipe
+from live_server import DOC, QUESTION, LiveServer, make_pipe
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
 OTHER_DOC = "Rain fell on the hills while the river ran to the sea past the mill. " * 7
@@ -277,7 +277,7 @@ def test_turns_hold_for_questions_asked_while_another_tenants_document_encodes(s
     """Alice's long upload encodes chunk by chunk; alice queues four questions on her stored context, then
     bob one on his. Bob's question starts first (alice had the last turn), before alice's, which arrived
     earlier; alice's encode goes on between the questions and stores the same context as alone."""
-    from test_server import slow_pipe
+    from live_server import slow_pipe
     long_doc = DOC * 6
     expected_long = make_pipe().encode(long_doc).ask(QUESTION, max_new_tokens=5).text
     with LiveServer(slow_pipe(0.2), store, settings=Settings(keys_file=keys)) as server:
