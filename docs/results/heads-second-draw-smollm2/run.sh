@@ -6,10 +6,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 D=docs/results/heads-second-draw-smollm2
-U=../../docs/results/gather-heads-smollm2/union.json
-P=2:q:2+6:k:2+15:v:1+18:v:1+5:v:2
-S=5:v:2+3:k:2+12:v:1+18:v:2
-SETS="preset=$P;preset-gaps=$P|gaps=1;synthetic=$S|pool_window=129;synthetic-gaps=$S|pool_window=129+gaps=1"
+source docs/results/gap-marks-smollm2/sets.sh
 cd scripts/labs
 python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed4 $U "$SETS" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 4
 python suite_heads_lab.py ruler-official ../../$D/ruler13-seed4 $U "$SETS" --lengths 32k --seed 4
