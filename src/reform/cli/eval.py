@@ -126,9 +126,10 @@ def load(model: str | None, device: str | None, dtype: str | None):
 
 
 def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, meta: dict, max_rows: int | None,
-             force: bool, fresh: bool, explain: bool = False, batch: int = 1):
+             force: bool, fresh: bool, explain: bool = False, batch: int = 1, keep_rows: bool = False):
     """Check the methods and the output folder, load the model, build the rows (``rows_for(tokenizer)``),
-    run them, then print the results table and where everything was written."""
+    run them, then print the results table and where everything was written. ``keep_rows``: generated
+    rows are kept in the folder and read back by a re-run with the same ``meta`` and tokenizer."""
     from ..engine.shape import UnsupportedModelError
     from ..eval.records import RESULTS
     from ..eval.runner import run_eval
@@ -138,13 +139,24 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
     on_interrupt(f"the rows finished so far are kept in {out_dir}; run the same command again to resume")
     loaded = load(model, device, dtype)
     with refused(UnsupportedModelError), notes_as_lines():
-        rows = rows_for(loaded.tokenizer)
+        rows = rows_for(loaded.tokenizer) if not keep_rows else kept(out_dir, meta, loaded.tokenizer, rows_for, fresh)
         metrics = run_eval(rows[:max_rows] if max_rows else rows, methods=specs, out_dir=out_dir,
                            model=loaded.model, tokenizer=loaded.tokenizer, processor=loaded.processor,
                            model_name=loaded.name, progress=err.is_terminal,
                            console=err, resume=not fresh, force_over_window=force,
                            meta={**meta, "max_rows": max_rows}, explain=explain, batch=batch)
     show(out_dir / RESULTS, metrics)
+
+
+def kept(out_dir: Path, meta: dict, tokenizer, rows_for, fresh: bool) -> list:
+    from ..eval.kept_rows import ROWS, kept_rows, rows_key
+    if (key := rows_key(meta, tokenizer)) is None:
+        return rows_for(tokenizer)
+    rows, read_back = kept_rows(out_dir, key, lambda: rows_for(tokenizer), fresh)
+    if read_back:
+        say("[dim]rows:[/]", f"{len(rows)} read back from {out_dir / ROWS}, made earlier with the same options and "
+                             "tokenizer (--fresh makes them anew)")
+    return rows
 
 
 def show(results: Path, metrics: dict):
@@ -210,7 +222,8 @@ def suite_command(suite: str):
             meta = {"suite": suite, "tasks": task_list, "lengths": length_list, "samples": samples, "seed": seed,
                     "depths": depth_list, "haystack": str(haystack) if haystack else None, "generator": made_by}
             evaluate(methods, out_dir or Path(f"runs/eval-{suite}"), model, device, dtype, rows_for=rows_for,
-                     meta=meta, max_rows=max_rows, force=force, fresh=fresh, explain=explain, batch=batch)
+                     meta=meta, max_rows=max_rows, force=force, fresh=fresh, explain=explain, batch=batch,
+                     keep_rows=True)
         except CliError as e:
             fail(e)
 
