@@ -139,7 +139,7 @@ def evaluate(methods: str, out_dir: Path, model, device, dtype, *, rows_for, met
     on_interrupt(f"the rows finished so far are kept in {out_dir}; run the same command again to resume")
     loaded = load(model, device, dtype)
     with refused(UnsupportedModelError), notes_as_lines():
-        rows = rows_for(loaded.tokenizer) if not keep_rows else kept(out_dir, meta, loaded.tokenizer, rows_for, fresh)
+        rows = kept(out_dir, meta, loaded.tokenizer, rows_for, fresh) if keep_rows else rows_for(loaded.tokenizer)
         metrics = run_eval(rows[:max_rows] if max_rows else rows, methods=specs, out_dir=out_dir,
                            model=loaded.model, tokenizer=loaded.tokenizer, processor=loaded.processor,
                            model_name=loaded.name, progress=err.is_terminal,
@@ -161,7 +161,7 @@ def kept(out_dir: Path, meta: dict, tokenizer, rows_for, fresh: bool) -> list:
 
 def show(results: Path, metrics: dict):
     out.print(results.read_text(), markup=False, highlight=False)
-    names = ("predictions.jsonl", "config.json", "metrics.json", "results.md", "explain.md",
+    names = ("predictions.jsonl", "config.json", "metrics.json", "results.md", "explain.md", "rows.jsonl",
              *(Path(p).name for p in metrics.get("plots", ())))
     err.print(f"wrote {results.parent}: {', '.join(n for n in names if (results.parent / n).exists())}",
               markup=False, highlight=False)
