@@ -6,7 +6,7 @@
 # rows where this run has none, and says so). Run with the venv active, from anywhere.
 set -e
 cd "$(dirname "$0")/../../.."
-D=docs/results/ruler13-smollm2-32k
+D=docs/results/eval-ruler13-32k
 run() { reform eval ruler --generator official --lengths 32k --samples 1 --seed $1 --methods $2 --out $D/seed$1; }
 run 3 reform,rag-dense,truncate
 run 4 rag-dense,truncate

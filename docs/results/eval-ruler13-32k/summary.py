@@ -6,7 +6,7 @@ the ``preset`` rows that heads-second-draw-smollm2's lab answered on the same ro
 synthetic heads (the preset when issue 69 was filed) come from those labs too. Seed 3 checks that the lab's
 preset answers as ``reform eval`` does.
 
-    python docs/results/ruler13-smollm2-32k/summary.py
+    python docs/results/eval-ruler13-32k/summary.py
 """
 from pathlib import Path
 
