@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))   # runs fr
 sys.path.insert(0, str(Path(__file__).resolve().parent))               # its modes, when imported by path
 
 from gpu_measure import (K, SHAPES, CannotRun, Results, Shape, build_model, byte_tokenizer,  # noqa: E402
-                         machine, markdown, need_cuda)
+                         machine, markdown, need_bm25s, need_cuda)
 from gpu_segments import segments  # noqa: E402
 from gpu_serve import serve  # noqa: E402
 
@@ -61,6 +61,7 @@ def paper(out: Path, device: str, shape_name: str, lengths: list[int], methods: 
     started = time.perf_counter()
     shape = SHAPES[shape_name]
     need_cuda(device, gib=2.5 * shape_params(shape) * 2 / 2**30)
+    need_bm25s()
     dtype = pick_dtype(torch.device(device))          # bf16 on the GPU (the paper's), else the CPU's best
     res = Results(out, "paper", {"shape": shape_name, "params_b": round(shape_params(shape) / 1e9, 3),
                                  "dtype": str(dtype).removeprefix("torch."), "machine": machine(device)})

@@ -140,6 +140,14 @@ class CannotRun(Exception):
     """This machine lacks what the mode needs: one line, exit status 2."""
 
 
+def need_bm25s() -> None:
+    """REFORM picks the question's content tokens with bm25s's stop-word list; the lent machines lack it."""
+    import importlib.util
+    if importlib.util.find_spec("bm25s") is None:
+        raise CannotRun("bm25s is not installed (REFORM's question tokens need its stop-word list): carry its "
+                        "package folder and put it on PYTHONPATH (docs/gpu.md, \"The prepared checks\")")
+
+
 def need_cuda(device: str, gib: float = 0) -> None:
     if not device.startswith("cuda"):
         return

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from gpu_measure import SHAPES, Results, build_model, byte_tokenizer, machine, markdown, need_cuda
+from gpu_measure import SHAPES, Results, build_model, byte_tokenizer, machine, markdown, need_bm25s, need_cuda
 
 
 def serve(out: Path, device: str, shape_name: str, length: int, users: list[int], max_tokens: list[int],
@@ -23,6 +23,7 @@ def serve(out: Path, device: str, shape_name: str, length: int, users: list[int]
     from reform.pipeline import Pipeline
     started = time.perf_counter()
     need_cuda(device, 40 if shape_name == "mistral-nemo-12b" else 0)
+    need_bm25s()
     shape, dtype = SHAPES[shape_name], pick_dtype(torch.device(device))
     res = Results(out, "serve", {"shape": shape_name, "context_tokens": length, "dtype": str(dtype),
                                  "machine": machine(device)})

@@ -73,6 +73,16 @@ def test_a_gpu_mode_without_a_gpu_says_why_in_one_line(mode, tmp_path):
     assert not (tmp_path / f"{mode}.json").exists()          # refused before anything was written
 
 
+def test_a_machine_without_bm25s_is_refused_in_one_line_before_the_model_is_built(monkeypatch):
+    """The lent machines lack bm25s, whose stop-word list REFORM's question tokens need."""
+    module = gpu_check()
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bm25s" else real_find_spec(name, *a))
+    with pytest.raises(module.CannotRun, match="bm25s is not installed"):
+        module.need_bm25s()
+
+
 def test_segments_refuses_more_workers_than_cores(tmp_path):
     r = run("segments", "--out", str(tmp_path), "--segments", "1,4096", timeout=120)
     assert r.returncode == 2 and "4096 workers need 4096 cores" in r.stderr

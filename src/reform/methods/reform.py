@@ -39,6 +39,7 @@ from .base import Context, Method, Runtime, register
 from .checkpoint import Checkpoint
 from .options import (INPUT_ONLY, added_later, keep_default, pick, positive, require_chunk_fits, require_keep,
                       require_positive, require_room)
+from .retrievers import import_bm25s
 
 
 
@@ -101,7 +102,7 @@ def content_tokens(tokenizer, ids: list[int], stop_words: frozenset[str] | None 
     (``stop_words``; by default bm25s's list, as BM25 drops them) nor whitespace or punctuation alone; all of
     them where none would."""
     if stop_words is None:
-        from bm25s.stopwords import STOPWORDS_EN as stop_words
+        stop_words = import_bm25s().stopwords.STOPWORDS_EN
     words = [tokenizer.decode([i]).strip().lower() for i in ids]
     keep = torch.tensor([bool(w) and w not in stop_words and any(ch.isalnum() for ch in w) for w in words],
                         dtype=torch.bool)
