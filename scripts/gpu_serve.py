@@ -34,6 +34,7 @@ def serve(out: Path, device: str, shape_name: str, length: int, users: list[int]
     pipe = Pipeline(model, byte_tokenizer(), model_name=f"random {shape_name}", use_chat_template=False, **options)
     ctx = pipe.encode_tokens(torch.randint(3, 259, (length,), generator=torch.Generator().manual_seed(0)).to(device))
     res.note(f"context encoded in {ctx.encode_seconds:.1f} s")
+    res.note(profile_decode(ctx, out / "serve-profile.txt"))
     questions = [f"Question {i}: what does the text say about item {i}?" for i in range(max(users))]
     for n in max_tokens:
         t = time.perf_counter()
@@ -69,3 +70,35 @@ def serve(out: Path, device: str, shape_name: str, length: int, users: list[int]
                                   ("one at a time", "one_at_a_time_tokens_per_s"), ("speed-up", "speedup"),
                                   ("p50 s", "p50_s"), ("p95 s", "p95_s"), ("equal answers", "equal_answers")]))
     return res
+
+
+def profile_decode(ctx, path: Path, steps: int = 8) -> str:
+    """Where one answer's decoding steps go: the same question profiled with one token (the recompute and
+    the first token) and with ``1 + steps``, the difference per step: operator calls, GPU kernels and GPU
+    busy time against the step's wall time; the longer answer's top operators go to ``path``. A GPU busy
+    for a small part of a step is waiting on the host."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    from reform.outputs import write_atomic
+    cuda = ctx.ids.device.type == "cuda"
+    ctx.ask("Warm-up question?", max_new_tokens=steps)
+
+    def profiled(tokens: int):
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            answer = ctx.ask("Profiled question?", max_new_tokens=tokens)
+            if cuda:
+                torch.cuda.synchronize()
+        events = prof.events()
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+        ops = sum(e.device_type == DeviceType.CPU for e in events)
+        return prof, answer, ops, len(kernels), sum(e.device_time for e in kernels) / 1e3
+    _, _, ops1, kernels1, busy1 = profiled(1)
+    prof, answer, ops2, kernels2, busy2 = profiled(1 + steps)
+    n = max(len(answer.tokens) - 1, 1)
+    wall_ms = answer.stats.get("generate", 0.0) / n * 1e3
+    line = (f"decoding one answer: {wall_ms:.1f} ms a step (wall, under the profiler), "
+            f"{(ops2 - ops1) / n:.0f} operator calls, {(kernels2 - kernels1) / n:.0f} GPU kernels and "
+            f"{(busy2 - busy1) / n:.1f} ms of GPU time a step, over {n} steps")
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    write_atomic(path, line + "\n\n" + prof.key_averages().table(sort_by=sort, row_limit=25))
+    return line

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from reform.conformance import VARIANTS, build
+from reform.engine.attention import DECODE_BLOCK, batch_decode_attention
 from reform.engine.batch import DecodeBatch
 from reform.engine.cache import KVCache
 from reform.methods.answering import Together
@@ -50,6 +51,33 @@ def test_sliding_window_layers_decode_together_as_alone(name):
     ctx = pipe.encode(TEXT[:150])                       # past the variants' window of 32
     asked = [{"question": q, "max_new_tokens": 40} for q in QUESTIONS[:3]]
     assert [a.tokens for a in ctx.ask_many(asked)] == [ctx.ask(**one).tokens for one in asked]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_decode_attention_gives_each_sequence_its_lone_numbers_over_many_blocks(dtype):
+    """Sequences of 1 to 20 blocks, some with a window that starts past key 0, in one batch padded to the
+    longest and cut from the earliest block anyone reads: each gets bit for bit what it gets alone (its own
+    blocks only), and the definition's attention. Keys past a sequence's end hold other numbers."""
+    g = torch.Generator().manual_seed(0)
+    first, end = torch.tensor([0, 1500, 0, 3000, 4700]), torch.tensor([300, 2600, 1100, 5000, 4800])
+    b, h_kv, rep, d = len(end), 2, 3, 16
+    n = -(-int(end.max()) // DECODE_BLOCK) * DECODE_BLOCK
+    q = torch.randn(b, h_kv * rep, d, generator=g).to(dtype)
+    k, v = (torch.randn(b, h_kv, n, d, generator=g).to(dtype) for _ in range(2))
+    skip = int(first.min()) // DECODE_BLOCK * DECODE_BLOCK
+    together = batch_decode_attention(q, k[:, :, skip:], v[:, :, skip:], first - skip, end - skip, 0.25,
+                                      first_block=skip // DECODE_BLOCK)
+    for i in range(b):
+        lo = int(first[i]) // DECODE_BLOCK * DECODE_BLOCK
+        hi = -(-int(end[i]) // DECODE_BLOCK) * DECODE_BLOCK
+        alone = batch_decode_attention(q[i:i + 1], k[i:i + 1, :, lo:hi], v[i:i + 1, :, lo:hi], first[i:i + 1] - lo,
+                                       end[i:i + 1] - lo, 0.25, first_block=lo // DECODE_BLOCK)
+        assert torch.equal(together[i], alone[0]), i
+        keys = k[i, :, first[i]:end[i]].float().repeat_interleave(rep, 0)           # [H, keys, D]
+        probs = torch.softmax(0.25 * keys @ q[i].float()[:, :, None], 1)
+        want = (probs * v[i, :, first[i]:end[i]].float().repeat_interleave(rep, 0)).sum(1)
+        torch.testing.assert_close(together[i].float(), want, **({} if dtype == torch.float32 else
+                                                                 dict(atol=2e-2, rtol=2e-2)))
 
 
 def test_sampled_answers_keep_their_own_seed_in_a_batch():

@@ -62,6 +62,8 @@ def test_smoke_runs_every_mode_and_writes_its_tables(tmp_path):
     assert [(row["users"], row["max_tokens"]) for row in serve["rows"]] == [(1, 8), (2, 8)]
     assert all(row["equal_answers"] == f"{row['users']}/{row['users']}" and row["tokens_per_s"] > 0
                for row in serve["rows"])
+    profile = (tmp_path / "serve-profile.txt").read_text()
+    assert profile.startswith("decoding one answer:") and "operator calls" in profile and "Name" in profile
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

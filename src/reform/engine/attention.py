@@ -127,17 +127,17 @@ DECODE_BLOCK = 256     # keys per block of ``batch_decode_attention``'s sums
 
 def batch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor,
                            end: torch.Tensor, scaling: float, *, softcap: float | None = None,
-                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None, first_block: int = 0) -> torch.Tensor:
     """One new query per sequence of a batch (``Engine.step``): ``q`` [B, H, D]; sequence b reads its keys
-    ``first[b] .. end[b] - 1`` of ``k``/``v`` [B, H_kv, N, D], N a multiple of ``DECODE_BLOCK``. Returns
+    ``first[b] .. end[b] - 1`` of ``k``/``v`` [B, H_kv, N, D], N a multiple of ``DECODE_BLOCK``, whose key 0
+    begins block ``first_block`` of the cache (the blocks before it are reached by no sequence). Returns
     [B, H, D].
 
-    Every sum over keys runs block by block, ``DECODE_BLOCK`` keys each, the blocks added in order: a
-    block a sequence does not reach adds exactly zero, so a sequence gets the same numbers whatever the
-    batch pads it to, alone included, as long as block j always starts at the same key (callers slice from
-    a multiple of ``DECODE_BLOCK``). A plain softmax or product over a padded length rounded differently
-    (9 of 480 sequences in bf16). Probabilities in fp32, then the precision of the values, as eager
-    attention."""
+    Every sum over keys runs per block of ``DECODE_BLOCK`` keys, and the blocks' sums are added by a fixed
+    pairwise tree over their block numbers (``_tree_sum``): a block a sequence does not reach adds exactly
+    zero, so a sequence gets the same numbers whatever the batch pads it to, alone included. A plain
+    softmax or product over a padded length rounded differently (9 of 480 sequences in bf16). Probabilities
+    in fp32, then the precision of the values, as eager attention."""
     b, h, d = q.shape
     h_kv, n = k.shape[1], k.shape[2]
     rep, blocks = h // h_kv, n // DECODE_BLOCK
@@ -149,21 +149,34 @@ def batch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fi
         sink = sinks.float().view(1, h_kv, rep, 1)
         top = torch.maximum(top, sink)
     weights = torch.exp(logits - top).contiguous()                                    # [B, H_kv, rep, N]
-    total = _sum_in_order(weights.view(b, h_kv, rep, blocks, DECODE_BLOCK).sum(-1).movedim(-1, 0))
+    total = _tree_sum(weights.view(b, h_kv, rep, blocks, DECODE_BLOCK).sum(-1).movedim(-1, 0), first_block)
     if sinks is not None:
         total = total + torch.exp(sink - top)[..., 0]
     probs = (weights / total[..., None]).to(v.dtype).view(b, h_kv, rep, blocks, DECODE_BLOCK).transpose(2, 3)
     mixed = torch.matmul(probs, v.reshape(b, h_kv, blocks, DECODE_BLOCK, v.shape[-1]))   # [B, H_kv, blocks, rep, D]
-    return _sum_in_order(mixed.float().movedim(2, 0)).to(v.dtype).reshape(b, h, v.shape[-1])
+    return _tree_sum(mixed.float().movedim(2, 0), first_block).to(v.dtype).reshape(b, h, v.shape[-1])
 
 
-def _sum_in_order(parts: torch.Tensor) -> torch.Tensor:
-    """``parts.sum(0)`` added strictly in order, ``parts[0] + parts[1] + ...``: parts that are exact zeros
-    then change nothing, wherever they are (a reduction kernel may group the parts differently by count)."""
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
+def _tree_sum(parts: torch.Tensor, first_block: int) -> torch.Tensor:
+    """``parts.sum(0)``, where ``parts[i]`` is block ``first_block + i``, added in place (``parts`` is used
+    up) as one fixed tree over block numbers: blocks 2j and 2j + 1, then pairs of those, and so on; a node
+    whose partner lies outside ``parts`` (an exact zero) goes up as it is. A sequence's sum is then the same
+    however many blocks a batch adds before or after its own (x + 0 == x), where a reduction kernel may
+    group parts differently by their count; and it takes at most two additions a level, log2(blocks)
+    levels, not one addition per block (each is a kernel launch, and decoding on a GPU waits on them).
+    Node j of a level is kept at its first block, ``max(j * size, first_block) - first_block``."""
+    last, size = first_block + parts.shape[0] - 1, 1
+    while first_block // size < last // size:              # more than one node at this level
+        k, top = first_block // size, last // size
+        k += k & 1                                         # an odd first node's partner is before the buffer
+        if k * size < first_block and k < top:             # the first pair's left node begins before it
+            parts[0] += parts[(k + 1) * size - first_block]
+            k += 2
+        if (pairs := (top - k + 1) // 2) > 0:
+            at, span = k * size - first_block, (pairs - 1) * 2 * size + 1
+            parts[at:at + span:2 * size] += parts[at + size:at + size + span:2 * size]
+        size *= 2
+    return parts[0]
 
 
 def decode_logits(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:

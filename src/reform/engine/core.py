@@ -198,8 +198,8 @@ class Engine:
                      sinks) -> tuple[torch.Tensor, None]:
         """Layer ``i``'s attention in ``step``: each sequence's query (``q`` [rows, H, 1, D]) over its own
         entries of the keys and values the cache handed the model (``k``/``v`` [n, H_kv, N, D], padded to
-        whole blocks), in one ``batch_decode_attention`` whose sums run block by block from key 0, so an
-        answer's numbers are the same in any batch. Padding rows get zeros."""
+        whole blocks), in one ``batch_decode_attention`` whose sums over blocks run as one tree over block
+        numbers, so an answer's numbers are the same in any batch. Padding rows get zeros."""
         call, s = self._call, self.shape
         scaling = self.scaling if scaling is None else scaling
         end = call.starts[:, i] + 1
@@ -207,7 +207,8 @@ class Engine:
         skip = int(first.min()) // DECODE_BLOCK * DECODE_BLOCK              # whole blocks nobody reaches
         out = q.new_zeros(q.shape[0], 1, q.shape[1], q.shape[3])
         out[:call.n, 0] = batch_decode_attention(q[:call.n, :, -1], k[:, :, skip:], v[:, :, skip:], first - skip,
-                                                 end - skip, scaling, softcap=softcap, sinks=sinks)
+                                                 end - skip, scaling, softcap=softcap, sinks=sinks,
+                                                 first_block=skip // DECODE_BLOCK)
         for start in call.starts[:, i].tolist():
             self.flops.add("attention", causal_attention_flops(s.n_heads, s.head_dim, start, 1, window))
         return out, None
@@ -308,7 +309,7 @@ class Engine:
 
         The weights are read once for the whole batch, which is why a step of eight costs little more than
         a step of one. A sequence gets the same numbers in any batch, alone included: the products run on
-        at least ``STEP_ROWS`` rows and the attention's sums run block by block from key 0
+        at least ``STEP_ROWS`` rows and the attention sums blocks by one tree over block numbers
         (``_attend_step``), so the padding a batch adds contributes exact zeros.
         Generated ids are in the vocabulary: no image rows are needed here."""
         n = len(tokens)
