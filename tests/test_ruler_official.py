@@ -15,6 +15,12 @@ from reform.eval.tasks.scoring import score
 
 pytestmark = pytest.mark.skipif(ruler_official.missing() is not None, reason=str(ruler_official.missing()))
 LENGTH = 2048
+# Every needle script first sorts RULER's 6.2M adjective-noun pairs (~25 s of CPU a task here), so the suite
+# makes the needle tasks that together take every value of every needle setting in RULER's synthetic.yaml
+# (haystack repeat / essay / needle; keys words / uuids; values numbers / uuids; 4 keys, values, queries),
+# and every other task. `test_every_task_is_rulers_and_reads_its_settings` covers the 13 names.
+MADE = ("niah_single_1", "niah_multikey_1", "niah_multikey_3", "niah_multivalue", "niah_multiquery",
+        "vt", "cwe", "fwe", "qa_1", "qa_2")
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +36,28 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def rows_by_task(tokenizer):
-    """One row of every task, made as `reform eval ruler` makes them: the generators side by side."""
-    rows = make_rows("ruler-official", tokenizer, [LENGTH], 1, seed=0)
-    assert [row.task for row in rows] == [f"ruler/{task}" for task in ruler_official.TASKS]   # in the tasks' order
+    """One row of each task in MADE, made as `reform eval ruler` makes them: the generators side by side."""
+    rows = make_rows("ruler-official", tokenizer, [LENGTH], 1, seed=0, tasks=list(MADE))
+    assert [row.task for row in rows] == [f"ruler/{task}" for task in MADE]
     return {row.task.removeprefix("ruler/"): [row] for row in rows}
 
 
-@pytest.mark.parametrize("task", ruler_official.TASKS)
+def test_every_task_is_rulers_and_reads_its_settings():
+    import yaml
+    from importlib import resources
+    official = yaml.safe_load(resources.files("long_context_eval").joinpath("synthetic.yaml").read_text())
+    assert tuple(official) == ruler_official.TASKS
+    needle_settings = set()
+    for task in ruler_official.TASKS:
+        script, args, template = ruler_official.settings(task)
+        assert script.endswith(f"{official[task]['task']}.py") and "{context}" in template["template"]
+        if task in MADE and task.startswith("niah"):
+            needle_settings |= set(args.items())
+    assert needle_settings == {item for task in official if task.startswith("niah")   # MADE takes every value
+                               for item in official[task]["args"].items()}
+
+
+@pytest.mark.parametrize("task", MADE)
 def test_each_official_task_becomes_rows_split_around_its_context(task, tokenizer, rows_by_task):
     rows = rows_by_task[task]
     for row in rows:
