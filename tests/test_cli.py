@@ -197,3 +197,11 @@ def test_documents_get_the_documents_method_unless_one_is_named():
     named = LoadArgs(method="reform").load(documents=True)
     assert named["method"] == "reform" and "retriever" not in named
     assert LoadArgs(method="reform").method_flags_given() == ["--method"] and LoadArgs().method_flags_given() == []
+
+
+def test_version_is_printed_on_its_own():
+    from reform import __version__
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout == f"reform {__version__}\n"
+    r = runner.invoke(app, ["--version", "ask", "nope.txt"])        # eager: before any command runs
+    assert r.exit_code == 0 and r.stdout == f"reform {__version__}\n"
