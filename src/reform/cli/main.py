@@ -13,7 +13,6 @@ from .heads import app as heads_app
 from .library import app as library_app
 
 
-
 def _print_version(asked: bool) -> None:
     if asked:
         typer.echo(f"reform {__version__}")

@@ -93,7 +93,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     else:
         # GPU: the chunk's causal mask aligned to the bottom right of the [t, n] scores, which the flash
         # kernel applies itself (a bool mask would be t x n: 2 GB for the paper's 32k chunk on a 32k cache);
-        # imported here: the module imports torch._dynamo, 1.4 s of every CPU process's start on a Zen 3
+        # imported here: the module imports torch._dynamo, 1.4 s on a Zen 3, which a refused command need not pay
         from torch.nn.attention.bias import causal_lower_right
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=causal_lower_right(t, n),
                                              scale=scaling, enable_gqa=gqa)
