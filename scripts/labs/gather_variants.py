@@ -148,6 +148,28 @@ def gap_marks(mark: str = GAP_MARK):
         Reform.prompt = original
 
 
+@contextmanager
+def pooled_windows(width: int = 1):
+    """REFORM's maxsim gather with each token scored by the best window that holds it, while inside: the
+    window scores (``window_maxsim``, one per window centre) max-pooled over the same window, so every token
+    of a window takes that window's score, as the paper's max-pool gives every token within reach of a peak
+    the peak's score (§3.3). Without it a token scores only as the centre of its window, and where window
+    scores hover at the budget's cut-off the gather keeps combs of 1-20-token pieces. ``width`` > 1 (odd):
+    pool over that many tokens instead, which fills a comb's gaps narrower than it and widens each run by
+    ``width - 1`` tokens only."""
+    from reform.methods import reform as module
+    original = module.window_maxsim
+
+    def pooled(context, query, window, **options):
+        return module.max_pool(original(context, query, window, **options), width if width > 1 else window)
+
+    module.window_maxsim = pooled
+    try:
+        yield
+    finally:
+        module.window_maxsim = original
+
+
 def paper(ctx, part) -> torch.Tensor:
     return reform_with(ctx).select(ctx, part, Timer())
 

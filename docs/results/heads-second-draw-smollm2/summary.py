@@ -21,27 +21,27 @@ def mean(values: list) -> str:
     return f"{100 * sum(values) / len(values):.1f} %" if values else "-"
 
 
-def table(suites: dict) -> None:
+def table(suites: dict, sets: tuple = SETS, pairs: tuple = PAIRS) -> None:
     """One line per suite (title -> folders, pooled): rows every set answered, each set's mean score (gold
     recall), and for each pair the rows the second set scored higher / lower than the first."""
-    print("| suite | rows | " + " | ".join(SETS) + " | " + " | ".join(f"{b} vs {a}" for a, b in PAIRS) + " |")
-    print("|---" * (2 + len(SETS) + len(PAIRS)) + "|")
+    print("| suite | rows | " + " | ".join(sets) + " | " + " | ".join(f"{b} vs {a}" for a, b in pairs) + " |")
+    print("|---" * (2 + len(sets) + len(pairs)) + "|")
     for title, folders in suites.items():
         folders = [f for f in folders if (f / "predictions.jsonl").exists()]
         records = [{**r, "id": f"{f.name}/{r['id']}"} for f in folders
                    for r in folder_records(f)[1] if r["status"] == "ok"]
         if not records:
             continue
-        ids = set.intersection(*({r["id"] for r in records if r["method"] == s} for s in SETS))
+        ids = set.intersection(*({r["id"] for r in records if r["method"] == s} for s in sets))
         records = [r for r in records if r["id"] in ids]
         cells = []
-        for s in SETS:
+        for s in sets:
             mine = [r for r in records if r["method"] == s]
             recall = [r["recall"] for r in mine if r.get("recall") is not None]
             cells.append(f"{mean([r['score'] for r in mine])} ({mean(recall)})")
-        pairs = [compare(records, a, b) for a, b in PAIRS]
+        counts = [compare(records, a, b) for a, b in pairs]
         print(f"| {title} | {len(ids)} | " + " | ".join(cells) + " | "
-              + " | ".join(f"{c['better']} / {c['worse']}" for c in pairs) + " |")
+              + " | ".join(f"{c['better']} / {c['worse']}" for c in counts) + " |")
 
 
 if __name__ == "__main__":
