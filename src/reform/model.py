@@ -316,8 +316,8 @@ def cache_root() -> Path | None:
 def converted_gguf(path: Path, model: str | None) -> tuple[str, dict]:
     """A GGUF file converted once into a transformers folder (fp32 safetensors + tokenizer files) under
     ``$REFORM_CACHE_DIR`` (default ``~/.cache/reform``), so later loads skip the GGUF parsing and
-    de-quantisation (on a 2-core Zen 4: SmolLM2 15 s, Gemma 3 270M 36 s, against 1 s and 6 s from the
-    converted folder).
+    de-quantisation (on a 2-core Zen 4: SmolLM2 14 s, Gemma 3 270M 34 s, against 1 s and 6 s from the
+    converted folder; docs/results/gguf-load-once).
     Keyed by the file's path, size and modification time; written to a temporary folder and renamed, so
     a killed conversion leaves nothing half-made. Where the cache cannot be written, the GGUF is read
     directly. ``REFORM_CACHE_DIR=off`` turns the cache off."""
