@@ -1,0 +1,16 @@
+#!/bin/bash
+# Issue 69's NIAH line: the preset's gather without its pieces (gather_variants.whole_runs: runs shorter than
+# 32 tokens dropped, their budget extending the runs kept), against the preset as shipped, on the rows of the
+# earlier fp32 draws (vt seed 2 as gap-marks-smollm2, NIAH seeds 3-4, RULER-13 seeds 3-4). fp32; each context
+# is encoded once with the 10-head union; a re-run answers only what is missing. The venv active, from anywhere.
+set -e
+cd "$(dirname "$0")/../../.."
+D=docs/results/whole-runs-smollm2
+source docs/results/gap-marks-smollm2/sets.sh
+SETS="preset=$P;preset-whole=$P|whole=32"
+cd scripts/labs
+python suite_heads_lab.py ruler-official ../../$D/vt-seed2 $U "$SETS" --lengths 32k --tasks vt --samples 10 --seed 2 --dtype fp32
+python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed3 $U "$SETS" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 3 --dtype fp32
+python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed4 $U "$SETS" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 4 --dtype fp32
+python suite_heads_lab.py ruler-official ../../$D/ruler13-seed3 $U "$SETS" --lengths 32k --seed 3 --dtype fp32
+python suite_heads_lab.py ruler-official ../../$D/ruler13-seed4 $U "$SETS" --lengths 32k --seed 4 --dtype fp32
