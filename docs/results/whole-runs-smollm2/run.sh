@@ -13,4 +13,9 @@ python suite_heads_lab.py ruler-official ../../$D/vt-seed2 $U "$SETS" --lengths 
 python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed3 $U "$SETS" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 3 --dtype fp32
 python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed4 $U "$SETS" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 4 --dtype fp32
 python suite_heads_lab.py ruler-official ../../$D/ruler13-seed3 $U "$SETS" --lengths 32k --seed 3 --dtype fp32
-python suite_heads_lab.py ruler-official ../../$D/ruler13-seed4 $U "$SETS" --lengths 32k --seed 4 --dtype fp32
+# the second session's steps (the rule in README.md, written before they ran): the synthetic heads answer too
+SETS3="$SETS;synthetic=$S|pool_window=129"
+python suite_heads_lab.py ruler-official ../../$D/ruler13-seed4 $U "$SETS3" --lengths 32k --seed 4 --dtype fp32
+python suite_heads_lab.py ruler-official ../../$D/ruler13-seed5 $U "$SETS3" --lengths 32k --seed 5 --dtype fp32
+python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed5 $U "$SETS3" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 5 --dtype fp32
+python suite_heads_lab.py ruler-official ../../$D/qa-32k-seed0 $U "$SETS3" --lengths 32k --tasks qa_1,qa_2 --samples 20 --seed 0   # the machine's dtype (bf16 where it has it)
