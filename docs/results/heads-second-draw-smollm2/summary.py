@@ -22,14 +22,16 @@ def mean(values: list) -> str:
 
 
 def table(suites: dict, sets: tuple = SETS, pairs: tuple = PAIRS) -> None:
-    """One line per suite (title -> folders, pooled): rows every set answered, each set's mean score (gold
-    recall), and for each pair the rows the second set scored higher / lower than the first."""
+    """One line per suite (title -> folders, pooled; a folder as ``(folder, names)`` gives only those sets'
+    rows): rows every set answered, each set's mean score (gold recall), and for each pair the rows the
+    second set scored higher / lower than the first."""
     print("| suite | rows | " + " | ".join(sets) + " | " + " | ".join(f"{b} vs {a}" for a, b in pairs) + " |")
     print("|---" * (2 + len(sets) + len(pairs)) + "|")
     for title, folders in suites.items():
-        folders = [f for f in folders if (f / "predictions.jsonl").exists()]
-        records = [{**r, "id": f"{f.name}/{r['id']}"} for f in folders
-                   for r in folder_records(f)[1] if r["status"] == "ok"]
+        folders = [(f, sets) if isinstance(f, Path) else f for f in folders]
+        folders = [(f, names) for f, names in folders if (f / "predictions.jsonl").exists()]
+        records = [{**r, "id": f"{f.name}/{r['id']}"} for f, names in folders
+                   for r in folder_records(f)[1] if r["status"] == "ok" and r["method"] in names]
         if not records:
             continue
         ids = set.intersection(*({r["id"] for r in records if r["method"] == s} for s in sets))
