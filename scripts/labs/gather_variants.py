@@ -170,39 +170,6 @@ def pooled_windows(width: int = 1):
         module.window_maxsim = original
 
 
-@contextmanager
-def whole_runs(shortest: int):
-    """REFORM's gather without its pieces, while inside: of the runs the paper's top-budget selection keeps,
-    those shorter than ``shortest`` tokens (the 1-20-token pieces where window scores hover at the cut-off)
-    are dropped, and their budget extends the runs kept, a token at a time on either side, the best-scoring
-    neighbours first. As many places as the long runs, each longer; not in the paper."""
-    from reform.methods import reform as module
-    original = module.gather_indices
-
-    def gather(scores, budget, keep_first, keep_last):
-        keep = original(scores, budget, keep_first, keep_last)
-        n = scores.shape[0]
-        if keep.numel() >= n:
-            return keep
-        kept = torch.zeros(n, dtype=torch.bool, device=scores.device)
-        for run in torch.tensor_split(keep, ((keep[1:] != keep[:-1] + 1).nonzero().flatten() + 1).tolist()):
-            if run.numel() >= shortest:
-                kept[run] = True
-        while (room := keep.numel() - int(kept.sum())) > 0:
-            grown = F.max_pool1d(kept[None, None].float(), 3, 1, padding=1)[0, 0].bool() & ~kept
-            edge = grown.nonzero().flatten()
-            if edge.numel() == 0:
-                break
-            kept[edge[scores[edge].topk(min(room, edge.numel())).indices]] = True
-        return kept.nonzero().flatten()
-
-    module.gather_indices = gather
-    try:
-        yield
-    finally:
-        module.gather_indices = original
-
-
 def paper(ctx, part) -> torch.Tensor:
     return reform_with(ctx).select(ctx, part, Timer())
 

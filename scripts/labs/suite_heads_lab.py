@@ -13,7 +13,8 @@ OUT_DIR/predictions.jsonl under each set's NAME (a re-run skips those there), so
 OUT_DIR`` pairs the sets row by row. ``|key=value+...`` after a set's heads: REFORM options for that set
 (``pool_window=129``: a set as it ran before the preset's window became 113); ``gaps=1``: the recompute with
 ``gather_variants.gap_marks`` between runs; ``pooled=1``: the gather with ``gather_variants.pooled_windows``
-(``pooled=K``: over K tokens); ``whole=K``: with ``gather_variants.whole_runs(K)``. SUITE: niah, ruler (the
+(``pooled=K``: over K tokens); ``whole=K``: REFORM's ``min_run=K`` (``methods/whole_runs.py``, the lab's
+``whole_runs`` until it moved there, the same gather). SUITE: niah, ruler (the
 built-in generator) or ruler-official.
 """
 import argparse
@@ -29,7 +30,7 @@ from reform.eval.records import PREDICTIONS, read_predictions, record_for
 from reform.eval.runner import answer_context, default_scorer, details, group_by_context
 from reform.eval.specs import parse_lengths
 from reform.eval.tasks import make_rows
-from gather_variants import gap_marks, head_subset, pooled_windows, whole_runs
+from gather_variants import gap_marks, head_subset, pooled_windows
 
 parser = argparse.ArgumentParser()
 parser.add_argument("suite", choices=("niah", "ruler", "ruler-official"))
@@ -68,14 +69,14 @@ for group in group_by_context(rows):
         options = {k: int(v) if v.isdigit() else v for k, v in (p.split("=", 1) for p in given.split("+") if p)}
         marked = bool(options.pop("gaps", 0))
         pooled = int(options.pop("pooled", 0))
-        shortest = int(options.pop("whole", 0))
+        if "whole" in options:
+            options["min_run"] = int(options.pop("whole"))
         if options:
             view.method = type(view.method)(replace(view.method.config, **options))
         spec = SimpleNamespace(label=name, name="reform")
         config_hash = hashlib.sha256(heads.encode()).hexdigest()[:12]
         with path.open("a") as sink, gap_marks() if marked else nullcontext(), \
-                pooled_windows(pooled) if pooled else nullcontext(), \
-                whole_runs(shortest) if shortest else nullcontext():
+                pooled_windows(pooled) if pooled else nullcontext():
             for row, status, extra in answer_context(pipe, view, [r for r in group if (name, r.id) not in done]):
                 if status == "ok":
                     extra["score"] = float(score(row, extra["prediction"]))

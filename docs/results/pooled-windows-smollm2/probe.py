@@ -1,17 +1,31 @@
 """The preset's three NIAH misses (fp32 draws, seeds 3-4) answered as shipped and with maxsim's window scores
 max-pooled over 17 tokens, 33 tokens and the whole window (``gather_variants.pooled_windows``), and with runs
-shorter than 32 tokens dropped and their budget given to the runs kept (``whole_runs``), counting the
-gathered runs. Run with the venv active: python docs/results/pooled-windows-smollm2/probe.py"""
+shorter than 32 tokens dropped and their budget given to the runs kept (``whole_runs``, since 2026-12-01
+REFORM's ``min_run``), counting the gathered runs. Run with the venv active: python docs/results/pooled-windows-smollm2/probe.py"""
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "scripts" / "labs"))
-from gather_variants import head_subset, pooled_windows, whole_runs  # noqa: E402
+from gather_variants import head_subset, pooled_windows  # noqa: E402
 from reform import Pipeline  # noqa: E402
 from reform.eval.specs import parse_lengths  # noqa: E402
 from reform.eval.tasks import make_rows  # noqa: E402
+
+
+
+@contextmanager
+def whole_runs(shortest: int):
+    """The view's REFORM with ``min_run`` = ``shortest`` while inside."""
+    config = view.method.config
+    view.method.config = replace(config, min_run=shortest)
+    try:
+        yield
+    finally:
+        view.method.config = config
+
 
 UNION = ROOT / "docs" / "results" / "gather-heads-smollm2" / "union.json"
 PRESET = "2:q:2+6:k:2+15:v:1+18:v:1+5:v:2"

@@ -19,3 +19,6 @@ python suite_heads_lab.py ruler-official ../../$D/ruler13-seed4 $U "$SETS3" --le
 python suite_heads_lab.py ruler-official ../../$D/ruler13-seed5 $U "$SETS3" --lengths 32k --seed 5 --dtype fp32
 python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed5 $U "$SETS3" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 5 --dtype fp32
 python suite_heads_lab.py ruler-official ../../$D/qa-32k-seed0 $U "$SETS3" --lengths 32k --tasks qa_1,qa_2 --samples 20 --seed 0   # the machine's dtype (bf16 where it has it)
+# After the rule: the library's `min_run` (methods/whole_runs.py) against the lab's patch, on rows the lab answered
+# (NIAH 8k, seed 3, fp32). The rule's third line was missed, so nothing more ran (README.md).
+python suite_heads_lab.py niah ../../$D/library-check-8k-seed3 $U "preset-whole=$P|min_run=32" --lengths 8k --depths 0,0.25,0.5,0.75,1 --seed 3 --dtype fp32

@@ -19,6 +19,7 @@ import torch
 from ..engine.layout import QuestionPart
 from ..methods import Context, Reform, ReformRag
 from ..methods.reform import gather_indices
+from ..methods.whole_runs import whole_runs
 from ..methods.rag import passage_token_scores
 from ..methods.reform_rag import RETRIEVERS, mixed_ranking
 
@@ -70,6 +71,8 @@ def gather(method: Reform, documents: list[tuple[str, Context, dict[str, torch.T
     for start in starts.tolist():
         scores[start:start + prefix] = float("-inf")
     keep = gather_indices(scores, budget, 0, 0)
+    if c.min_run:
+        keep = whole_runs(scores, keep, c.min_run, torch.zeros_like(scores, dtype=torch.bool))
     keep = keep[torch.isfinite(scores[keep])]
     out, start = [], 0
     for (name, ctx, _, _), size in zip(documents, sizes):

@@ -40,6 +40,7 @@ from .checkpoint import Checkpoint
 from .options import (INPUT_ONLY, added_later, keep_default, pick, positive, require_chunk_fits, require_keep,
                       require_positive, require_room)
 from .retrievers import import_bm25s
+from .whole_runs import whole_runs
 
 
 
@@ -156,7 +157,7 @@ def raise_run_windows(pooled: torch.Tensor, runs: torch.Tensor, c: "ReformConfig
     ends = forced_mask(n, c.gather_keep, c.gather_keep, pooled.device)
     held = torch.zeros(n, dtype=torch.bool, device=pooled.device)
     if only_missed:     # the best runs anywhere, the ends included: one already gathered needs no window
-        held[gather_indices(pooled, c.recompute_budget, c.gather_keep, c.gather_keep)] = True
+        held[gather_tokens(pooled, c)] = True
         ends = torch.zeros_like(ends)
     lifted = float(pooled.max()) + 1.0 + window_order()
     for p in distinct_peaks(runs, c.pool_window, peaks, ends):
@@ -187,6 +188,15 @@ def gather_indices(scores: torch.Tensor, budget: int, keep_first: int, keep_last
         return torch.arange(n, device=scores.device)
     forced = forced_mask(n, keep_first, keep_last, scores.device)
     return top_budget(scores[None], budget, forced[None])[0]
+
+
+def gather_tokens(scores: torch.Tensor, c: "ReformConfig") -> torch.Tensor:
+    """The gather (§3.3): ascending indices of the ``recompute_budget`` best tokens, the first and last
+    ``gather_keep`` among them; with ``min_run``, without the runs shorter than that (``whole_runs``)."""
+    keep = gather_indices(scores, c.recompute_budget, c.gather_keep, c.gather_keep)
+    if not c.min_run or keep.numel() >= scores.shape[0]:
+        return keep
+    return whole_runs(scores, keep, c.min_run, forced_mask(scores.shape[0], c.gather_keep, c.gather_keep, scores.device))
 
 
 def segment_pieces(ids: torch.Tensor, segments: int, anchor: int) -> list[tuple[torch.Tensor, int, bool]]:
@@ -260,6 +270,10 @@ class ReformConfig:
     # > 0: maxsim's mean over only the ``maxsim_top`` question tokens that match each window best, for
     # prompts whose instruction is not told apart from their question (docs/results/gather-maxsim)
     maxsim_top: int = field(default=0, metadata=added_later(0))
+    # > 0: runs of the gather shorter than this many tokens are dropped and their budget grows the runs
+    # kept (``whole_runs``), so a small reader is not handed combs of pieces. Not in the paper; SmolLM2's
+    # preset sets 32 (docs/results/whole-runs-smollm2).
+    min_run: int = field(default=0, metadata=added_later(0))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -402,7 +416,7 @@ class Reform(Method):
         if ctx.state is None:
             return torch.arange(n, device=ctx.ids.device), None
         scores = self.scores(ctx, part)
-        keep = gather_indices(scores, c.recompute_budget, c.gather_keep, c.gather_keep)
+        keep = gather_tokens(scores, c)
         return keep, scores[keep]
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
