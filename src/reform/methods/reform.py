@@ -271,8 +271,8 @@ class ReformConfig:
     # prompts whose instruction is not told apart from their question (docs/results/gather-maxsim)
     maxsim_top: int = field(default=0, metadata=added_later(0))
     # > 0: runs of the gather shorter than this many tokens are dropped and their budget grows the runs
-    # kept (``whole_runs``), so a small reader is not handed combs of pieces. Not in the paper; SmolLM2's
-    # preset sets 32 (docs/results/whole-runs-smollm2).
+    # kept (``whole_runs``), so a small reader is not handed combs of pieces. Not in the paper; off by
+    # default (SmolLM2 with 32: docs/results/whole-runs-smollm2).
     min_run: int = field(default=0, metadata=added_later(0))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
