@@ -20,5 +20,9 @@ python suite_heads_lab.py ruler-official ../../$D/ruler13-seed5 $U "$SETS3" --le
 python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed5 $U "$SETS3" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed 5 --dtype fp32
 python suite_heads_lab.py ruler-official ../../$D/qa-32k-seed0 $U "$SETS3" --lengths 32k --tasks qa_1,qa_2 --samples 20 --seed 0   # the machine's dtype (bf16 where it has it)
 # After the rule: the library's `min_run` (methods/whole_runs.py) against the lab's patch, on rows the lab answered
-# (NIAH 8k, seed 3, fp32). The rule's third line was missed, so nothing more ran (README.md).
+# (NIAH 8k, seed 3, fp32).
 python suite_heads_lab.py niah ../../$D/library-check-8k-seed3 $U "preset-whole=$P|min_run=32" --lengths 8k --depths 0,0.25,0.5,0.75,1 --seed 3 --dtype fp32
+# For the owner's choice (ship min_run=32 in the preset or not): the NIAH grid to 128k (bf16, the grid's dtype in
+# heads-chains-smollm2), the library's min_run in place of the lab's patch; min_run=0 keeps the other sets as shipped.
+SETS4="preset=$P|min_run=0;preset-whole=$P|min_run=32;synthetic=$S|pool_window=129+min_run=0"
+python suite_heads_lab.py niah ../../$D/niah-grid-seed0 $U "$SETS4" --lengths 8k,16k,32k,64k,128k --depths 0,0.25,0.5,0.75,1 --seed 0

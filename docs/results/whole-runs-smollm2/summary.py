@@ -32,3 +32,5 @@ if __name__ == "__main__":
                                               (HERE.parent / "heads-second-draw-smollm2" / "niah-8k-32k-seed4", ("synthetic",)),
                                               HERE / "niah-8k-32k-seed5"],
         "RULER qa_1 + qa_2, 32k, 20 rows each, seed 0 (bf16)": [HERE / "qa-32k-seed0"]}, SETS, PAIRS)
+    print("\nFor the owner's choice (after the rule; the library's min_run):\n")
+    second_draw.table({"NIAH 8k-128k x 5 depths, seed 0 (bf16)": [HERE / "niah-grid-seed0"]}, SETS, PAIRS)
