@@ -26,3 +26,8 @@ python suite_heads_lab.py niah ../../$D/library-check-8k-seed3 $U "preset-whole=
 # heads-chains-smollm2), the library's min_run in place of the lab's patch; min_run=0 keeps the other sets as shipped.
 SETS4="preset=$P|min_run=0;preset-whole=$P|min_run=32;synthetic=$S|pool_window=129+min_run=0"
 python suite_heads_lab.py niah ../../$D/niah-grid-seed0 $U "$SETS4" --lengths 8k,16k,32k,64k,128k --depths 0,0.25,0.5,0.75,1 --seed 0
+# The second rule (README.md, written before these ran): the heads table's other two grid draws, then the
+# built-in RULER-style suite.
+python suite_heads_lab.py niah ../../$D/niah-grid-seed1 $U "$SETS4" --lengths 8k,16k,32k,64k,128k --depths 0,0.25,0.5,0.75,1 --seed 1
+python suite_heads_lab.py ruler ../../$D/ruler-builtin-seed2 $U "$SETS4" --lengths 32k --seed 2 --dtype fp32
+python suite_heads_lab.py niah ../../$D/niah-grid-seed2-essays $U "$SETS4" --lengths 8k,16k,32k,64k,128k --depths 0,0.25,0.5,0.75,1 --seed 2 --haystack essays
