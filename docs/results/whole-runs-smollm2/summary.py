@@ -34,3 +34,9 @@ if __name__ == "__main__":
         "RULER qa_1 + qa_2, 32k, 20 rows each, seed 0 (bf16)": [HERE / "qa-32k-seed0"]}, SETS, PAIRS)
     print("\nFor the owner's choice (after the rule; the library's min_run):\n")
     second_draw.table({"NIAH 8k-128k x 5 depths, seed 0 (bf16)": [HERE / "niah-grid-seed0"]}, SETS, PAIRS)
+    print("\nThe second rule (this folder's grid seeds 1 and 2 on an Intel Xeon with AMX, bf16; built-in suite fp32):\n")
+    second_draw.table({"NIAH 8k-128k x 5 depths, seeds 1 and 2 (essays), bf16": [HERE / "niah-grid-seed1",
+                                                                                HERE / "niah-grid-seed2-essays"],
+                       "NIAH 8k-128k x 5 depths, seeds 0-2, bf16": [HERE / "niah-grid-seed0", HERE / "niah-grid-seed1",
+                                                                    HERE / "niah-grid-seed2-essays"],
+                       "built-in RULER-style suite, 32k, seed 2 (fp32)": [HERE / "ruler-builtin-seed2"]}, SETS, PAIRS)
