@@ -32,3 +32,7 @@ python suite_heads_lab.py niah ../../$D/niah-grid-seed1 $U "$SETS4" --lengths 8k
 python suite_heads_lab.py ruler ../../$D/ruler-builtin-seed2 $U "$SETS4" --lengths 32k --seed 2 --dtype fp32
 python -c "import json, long_context_eval as l, pathlib as p; t = json.loads((p.Path(l.__file__).parent / 'data/synthetic/json/PaulGrahamEssays.json').read_text())['text']; p.Path('essays').mkdir(exist_ok=True); (p.Path('essays') / 'essays.txt').write_text(t)"
 python suite_heads_lab.py niah ../../$D/niah-grid-seed2-essays $U "$SETS4" --lengths 8k,16k,32k,64k,128k --depths 0,0.25,0.5,0.75,1 --seed 2 --haystack essays
+# The same fp32 NIAH rows on another CPU (machines.py compares them with the earlier machines' rows)
+for seed in 3 4 5; do
+  python suite_heads_lab.py niah ../../$D/amx-fp32/niah-8k-32k-seed$seed $U "$SETS4" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed $seed --dtype fp32
+done
