@@ -133,6 +133,11 @@ class Templater:
         return QuestionPart(self.template_ids(SEPARATOR if after_context else "") + told, self.encode(question),
                             self.template_ids(self.tail) + self.encode(answer_prefix))
 
+    def question_preview(self, part: QuestionPart) -> list[int]:
+        """``Question: QUESTION`` and a blank line: the question read before a context as well, so that a
+        reader knows what it reads for (REFORM's ``question_first``)."""
+        return self.encode(f"Question: {self.tok.decode(part.question).strip()}{SEPARATOR}")
+
     def eos_ids(self, model) -> list[int]:
         ids = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
         ids = [ids] if isinstance(ids, int) else list(ids or [])

@@ -289,7 +289,7 @@ class Library:
         prepared = [(name, ctx, {k: index.of(v, d) for k, v in scores.items()}, index.spans[d])
                     for name, ctx, d in chosen]
         gathered = gather(self.method, prepared, part, budget, len(templater.prefix))
-        ids = list(templater.prefix)
+        ids = list(templater.prefix) + (templater.question_preview(part) if self.method.config.question_first else [])
         for g in gathered:
             ids += headers[g.name] + g.ctx.ids[g.kept].tolist() + separator
         gather_s = time.perf_counter() - t

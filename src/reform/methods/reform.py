@@ -35,7 +35,7 @@ from ..engine.layout import QuestionPart, as_tensor
 from ..engine.policies import H2OPolicy, forced_mask, top_budget
 from ..heads import load_preset, resolve_heads
 from ..stats import Timer
-from .base import Context, Method, Runtime, register
+from .base import Context, Method, Prompt, Runtime, register
 from .checkpoint import Checkpoint
 from .options import (INPUT_ONLY, added_later, keep_default, pick, positive, require_chunk_fits, require_keep,
                       require_positive, require_room)
@@ -274,6 +274,10 @@ class ReformConfig:
     # kept (``whole_runs``), so a small reader is not handed combs of pieces. Not in the paper; off by
     # default (SmolLM2 with 32: docs/results/whole-runs-smollm2).
     min_run: int = field(default=0, metadata=added_later(0))
+    # the question also before the gathered tokens (``Question: ...``), so a small reader knows what it
+    # reads for and does not copy a quoted word of the text (Liu et al. 2023, "Lost in the Middle", §4.3:
+    # query-aware contextualization). Costs the question's tokens in the recompute. Not in the paper.
+    question_first: bool = field(default=False, metadata=added_later(False))
     score_window: int = positive(128)
     embed_dtype: torch.dtype = torch.float16
     segments: int = 1                   # experimental segment-parallel encode (module docstring)
@@ -418,6 +422,17 @@ class Reform(Method):
         scores = self.scores(ctx, part)
         keep = gather_tokens(scores, c)
         return keep, scores[keep]
+
+    def prompt(self, ctx: Context, part: QuestionPart, timer: Timer) -> Prompt:
+        """The recompute's input (§3.3): the gathered tokens, then the question; with ``question_first``,
+        the question also right after the template's prefix."""
+        prompt = super().prompt(ctx, part, timer)
+        if not self.config.question_first:
+            return prompt
+        templater = ctx.pipeline.templater
+        at = len(templater.prefix) if prompt.ids[:len(templater.prefix)].tolist() == templater.prefix else 0
+        preview = as_tensor(templater.question_preview(part), prompt.ids.device)
+        return prompt._replace(ids=torch.cat([prompt.ids[:at], preview, prompt.ids[at:]]))
 
     def scores(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
         """Every context token's importance for the question: ``ranking``; with ``run_peaks``, the windows
