@@ -23,3 +23,7 @@ GRID="--lengths 8k,16k,32k,64k,128k --depths 0,0.25,0.5,0.75,1"
 python suite_heads_lab.py niah ../../$D/niah-grid-seed0 $U "$SETS" $GRID --seed 0
 python suite_heads_lab.py niah ../../$D/niah-grid-seed1 $U "$SETS" $GRID --seed 1
 python suite_heads_lab.py niah ../../$D/niah-grid-seed2-essays $U "$SETS" $GRID --seed 2 --haystack essays
+# after the rule, for the owner's choice (not a line of the rule): line 3's qa rows at two fresh seeds
+for seed in 1 2; do
+  python suite_heads_lab.py ruler-official ../../$D/qa-32k-seed$seed $U "$SETS" --lengths 32k --tasks qa_1,qa_2 --samples 20 --seed $seed   # the machine's dtype
+done
