@@ -21,7 +21,9 @@ LINES = {"1. NIAH 8k-32k x 5 depths, seed 6 (fresh), fp32": ["niah-8k-32k-seed6"
          "5. built-in RULER-style suite, 32k, seed 2, fp32": ["ruler-builtin-seed2"],
          "6. NIAH 8k-128k x 5 depths, seeds 0-2, bf16": ["niah-grid-seed0", "niah-grid-seed1", "niah-grid-seed2-essays"],
          "after the rule: RULER qa_1 + qa_2, 32k, seeds 1-2, bf16": ["qa-32k-seed1", "qa-32k-seed2"],
-         "after the rule: RULER qa_1 + qa_2, 32k, seeds 0-2, bf16": ["qa-32k-seed0", "qa-32k-seed1", "qa-32k-seed2"]}
+         "after the rule: RULER qa_1 + qa_2, 32k, seeds 0-2, bf16": ["qa-32k-seed0", "qa-32k-seed1", "qa-32k-seed2"],
+         "after the rule: NIAH 8k-32k x 5 depths, fresh seeds 7-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(7, 13)],
+         "after the rule: NIAH 8k-32k x 5 depths, seeds 3-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(3, 13)]}
 
 if __name__ == "__main__":
     ran = {line: [HERE / f for f in folders if (HERE / f / "predictions.jsonl").exists()] for line, folders in LINES.items()}
