@@ -30,3 +30,7 @@ done
 for seed in 7 8 9 10 11 12; do
   python suite_heads_lab.py niah ../../$D/niah-8k-32k-seed$seed $U "$SETS" --lengths 8k,16k,32k --depths 0,0.25,0.5,0.75,1 --seed $seed --dtype fp32
 done
+# the second rule's line B (line A is the NIAH step above)
+for seed in 3 4; do
+  python suite_heads_lab.py ruler-official ../../$D/qa-32k-seed$seed $U "$SETS" --lengths 32k --tasks qa_1,qa_2 --samples 20 --seed $seed   # the machine's dtype
+done

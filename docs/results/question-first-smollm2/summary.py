@@ -23,7 +23,8 @@ LINES = {"1. NIAH 8k-32k x 5 depths, seed 6 (fresh), fp32": ["niah-8k-32k-seed6"
          "after the rule: RULER qa_1 + qa_2, 32k, seeds 1-2, bf16": ["qa-32k-seed1", "qa-32k-seed2"],
          "after the rule: RULER qa_1 + qa_2, 32k, seeds 0-2, bf16": ["qa-32k-seed0", "qa-32k-seed1", "qa-32k-seed2"],
          "after the rule: NIAH 8k-32k x 5 depths, fresh seeds 7-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(7, 13)],
-         "after the rule: NIAH 8k-32k x 5 depths, seeds 3-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(3, 13)]}
+         "after the rule: NIAH 8k-32k x 5 depths, seeds 3-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(3, 13)],
+         "second rule, B. RULER qa_1 + qa_2, 32k, fresh seeds 3-4, bf16": ["qa-32k-seed3", "qa-32k-seed4"]}
 
 if __name__ == "__main__":
     ran = {line: [HERE / f for f in folders if (HERE / f / "predictions.jsonl").exists()] for line, folders in LINES.items()}
