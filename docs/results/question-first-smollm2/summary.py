@@ -22,7 +22,7 @@ LINES = {"1. NIAH 8k-32k x 5 depths, seed 6 (fresh), fp32": ["niah-8k-32k-seed6"
          "6. NIAH 8k-128k x 5 depths, seeds 0-2, bf16": ["niah-grid-seed0", "niah-grid-seed1", "niah-grid-seed2-essays"],
          "after the rule: RULER qa_1 + qa_2, 32k, seeds 1-2, bf16": ["qa-32k-seed1", "qa-32k-seed2"],
          "after the rule: RULER qa_1 + qa_2, 32k, seeds 0-2, bf16": ["qa-32k-seed0", "qa-32k-seed1", "qa-32k-seed2"],
-         "after the rule: NIAH 8k-32k x 5 depths, fresh seeds 7-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(7, 13)],
+         "second rule, A. NIAH 8k-32k x 5 depths, fresh seeds 7-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(7, 13)],
          "after the rule: NIAH 8k-32k x 5 depths, seeds 3-12, fp32": [f"niah-8k-32k-seed{s}" for s in range(3, 13)],
          "second rule, B. RULER qa_1 + qa_2, 32k, fresh seeds 3-4, bf16": ["qa-32k-seed3", "qa-32k-seed4"]}
 
