@@ -29,11 +29,17 @@ def needle_text(pipe, tokens, depth, seed):
 
 
 def test_inside_window_reform_is_plain_generation(pipe):
+    """Inside the window REFORM's recompute is transformers' greedy generation over the whole prompt; the
+    preset reads the question first too (``question_first``), right after the template's prefix."""
     text, needle = needle_text(pipe, 1500, 0.4, seed=1)
     ans = pipe.encode(text).ask(needle.question, answer_prefix=needle.answer_prefix, max_new_tokens=12)
     assert needle.answer in ans.text                          # the model itself can answer inside its window
     part = pipe.templater.question(needle.question, needle.answer_prefix)
-    plain = torch.cat([pipe.tokenize_context(text), as_tensor(part.ids, pipe.engine.device)])
+    context = pipe.tokenize_context(text).tolist()
+    assert pipe.method.config.question_first                  # SmolLM2's preset
+    n = len(pipe.templater.prefix)
+    ids = context[:n] + pipe.templater.question_preview(part) + context[n:] + list(part.ids)
+    plain = as_tensor(ids, pipe.engine.device)
     with torch.no_grad():
         ref = pipe.engine.model.generate(plain[None], max_new_tokens=12, do_sample=False)[0, plain.shape[0]:]
     assert ans.tokens == ref.tolist()[:len(ans.tokens)]
