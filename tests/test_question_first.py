@@ -5,6 +5,10 @@ import pytest
 import torch
 
 from conftest import real_tokenizer, tiny
+from reform.heads import find_preset
+from reform.methods.options import build_config
+from reform.methods.reform import ReformConfig
+from reform.methods.reform_rag import ReformRagConfig
 from reform.pipeline import Pipeline
 from reform.stats import Timer
 
@@ -64,11 +68,6 @@ def test_a_library_reads_the_question_first_too(tmp_path):
 def test_smollm2s_preset_reads_the_question_first_for_reform_alone():
     """The second rule in docs/results/question-first-smollm2 put ``question_first`` in SmolLM2's preset,
     scoped to ``reform``: REFORM+RAG keeps its reader, and an explicit option still wins."""
-    from reform.heads import find_preset
-    from reform.methods.options import build_config
-    from reform.methods.reform import ReformConfig
-    from reform.methods.reform_rag import ReformRagConfig
-
     defaults = find_preset("HuggingFaceTB/SmolLM2-135M-Instruct")["defaults"]
     assert build_config("reform", ReformConfig, {}, defaults).question_first is True
     assert build_config("reform", ReformConfig, {"question_first": False}, defaults).question_first is False
