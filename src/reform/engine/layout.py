@@ -18,7 +18,8 @@ its own. Only the template's own parts carry special tokens.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -27,6 +28,19 @@ _PLACEHOLDER = "\u2063REFORM-CONTENT\u2063"
 SEPARATOR = "\n\n"
 PLAIN_QUESTION, PLAIN_ANSWER = "\n\nQuestion:", "\nAnswer:"     # the plain-text layout's labels
 LAYOUTS = ("question", "verbatim", "continuation")      # how a question follows its context (Templater.question)
+# a "Question:" label at the start, after a line break or after a sentence's end: what follows it is searched
+_QUESTION_LABEL = re.compile(r"(?:^|\n|(?<=[.!?:;)])[ \t])[ \t]*question:[ \t]*", re.IGNORECASE)
+
+
+def split_instruction(text: str) -> tuple[str, str]:
+    """``(instruction, question)``: the text up to and including its last ``Question:`` label (at the start,
+    after a line break or after a sentence) that has words after it, and those words; ``("", text)`` where
+    there is none. The instruction is read by the model, the question is what a gather searches with, so
+    "Answer in one word. Question: Who ...?" searches as "Who ...?" does."""
+    for m in reversed(list(_QUESTION_LABEL.finditer(text))):
+        if text[m.end():].strip():
+            return text[:m.end()], text[m.end():]
+    return "", text
 
 
 @dataclass
@@ -37,6 +51,10 @@ class QuestionPart:
     # the answer ends with its first line (the plain-text layout's labelled questions; a benchmark's own
     # prompt runs to its own length)
     one_line: bool = False
+    # how many of ``separator``'s last tokens are an instruction (read, not searched with), and the question's
+    # tokens as searched (None: ``question``'s; they differ where an instruction's label ends with a space)
+    told: int = 0
+    searched: list[int] | None = field(default=None, repr=False)
 
     @property
     def ids(self) -> list[int]:
@@ -46,6 +64,21 @@ class QuestionPart:
     def query_span(self) -> slice:
         """Where the question's own tokens sit inside ``ids``."""
         return slice(len(self.separator), len(self.separator) + len(self.question))
+
+    @property
+    def search_ids(self) -> list[int]:
+        """What a gather runs on top of the context to embed the question: ``ids`` without the instruction."""
+        return self.separator[:len(self.separator) - self.told] + self.search_question + self.suffix
+
+    @property
+    def search_question(self) -> list[int]:
+        return self.question if self.searched is None else self.searched
+
+    @property
+    def search_span(self) -> slice:
+        """Where the question's tokens sit inside ``search_ids``."""
+        start = len(self.separator) - self.told
+        return slice(start, start + len(self.search_question))
 
 
 class Templater:
@@ -120,18 +153,29 @@ class Templater:
             words = words.replace(special, "")
         if not words.strip():
             raise ValueError(f"the question {question.strip()!r} holds only special tokens; ask it in words")
-        told = self.encode(instruction) if instruction else []
+        extra, question = split_instruction(question)
+        instruction += extra
         if layout != "question":
             tail = [] if self.plain or layout == "continuation" else self.template_ids(self.tail)
-            return QuestionPart(told, self.encode(question), tail + self.encode(answer_prefix))    # runs its length
+            return self._part([], instruction, question, tail + self.encode(answer_prefix))    # runs its length
         if self.plain:      # "...context\n\nQuestion: [INSTRUCTION ]QUESTION\nAnswer: PREFIX"
             label = PLAIN_QUESTION if after_context else PLAIN_QUESTION.lstrip()
             suffix = self.template_ids(self.tail) + self.encode(" " + answer_prefix if answer_prefix else "")
             told = self.encode(" " + instruction.strip()) if instruction.strip() else []
-            return QuestionPart(self.template_ids(label) + told, self.encode(" " + question.strip()), suffix,
-                                one_line=True)
-        return QuestionPart(self.template_ids(SEPARATOR if after_context else "") + told, self.encode(question),
-                            self.template_ids(self.tail) + self.encode(answer_prefix))
+            q = self.encode(" " + question.strip())
+            return QuestionPart(self.template_ids(label) + told, q, suffix, one_line=True, told=len(told))
+        return self._part(self.template_ids(SEPARATOR if after_context else ""), instruction, question,
+                          self.template_ids(self.tail) + self.encode(answer_prefix))
+
+    def _part(self, separator: list[int], instruction: str, question: str, suffix: list[int]) -> QuestionPart:
+        """``separator + instruction + question + suffix``, the instruction marked as read, not searched; an
+        instruction's trailing space is read as the question's leading one (as the text is tokenised whole)."""
+        if not instruction:
+            return QuestionPart(separator, self.encode(question), suffix)
+        spaced = instruction[-1:].isspace() and not question[:1].isspace()
+        told = self.encode(instruction.rstrip(" ") if spaced else instruction)
+        read = self.encode(" " + question) if spaced else self.encode(question)
+        return QuestionPart(separator + told, read, suffix, told=len(told), searched=self.encode(question))
 
     def question_preview(self, part: QuestionPart) -> list[int]:
         """``Question: QUESTION`` and a blank line: the question read before a context as well, so that a

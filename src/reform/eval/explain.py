@@ -117,7 +117,7 @@ def per_token_scores(ctx, part) -> tuple[torch.Tensor | None, list[torch.Tensor]
     per_head = [torch.cat([(data[s:s + 65536, h * d:(h + 1) * d].float() @ query[:, h * d:(h + 1) * d].T).amax(dim=1)
                            for s in range(0, data.shape[0], 65536)]) for h in range(heads)]
     tok = ctx.pipeline.tokenizer
-    texts = [tok.decode([t]) for t, searches in zip(part.ids[part.query_span], method.searching(ctx, part)) if searches]
+    texts = [tok.decode([t]) for t, searches in zip(part.search_question, method.searching(ctx, part)) if searches]
     return per_token, per_head, texts
 
 

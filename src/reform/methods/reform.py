@@ -39,7 +39,7 @@ from .base import Context, Method, Prompt, Runtime, register
 from .checkpoint import Checkpoint
 from .options import (INPUT_ONLY, added_later, keep_default, pick, positive, require_chunk_fits, require_keep,
                       require_positive, require_room)
-from .retrievers import import_bm25s
+from .query_words import QUERY_WEIGHTS, content_tokens, rarity_weights
 from .whole_runs import whole_runs
 
 
@@ -96,18 +96,6 @@ def window_maxsim(context: torch.Tensor, query: torch.Tensor, window: int, weigh
 
 QUERY_TOKENS = ("all", "content")
 QUERY_AGGREGATES = ("max", "maxsim")
-
-
-def content_tokens(tokenizer, ids: list[int], stop_words: frozenset[str] | None = None) -> torch.Tensor:
-    """Which of ``ids`` (a question's tokens) carry content: decoded alone, neither an English stop word
-    (``stop_words``; by default bm25s's list, as BM25 drops them) nor whitespace or punctuation alone; all of
-    them where none would."""
-    if stop_words is None:
-        stop_words = import_bm25s().stopwords.STOPWORDS_EN
-    words = [tokenizer.decode([i]).strip().lower() for i in ids]
-    keep = torch.tensor([bool(w) and w not in stop_words and any(ch.isalnum() for ch in w) for w in words],
-                        dtype=torch.bool)
-    return keep if keep.any() else torch.ones_like(keep)
 
 
 def ordered_run_scores(context: torch.Tensor, query: torch.Tensor, run: int, block: int = 1 << 13) -> torch.Tensor:
@@ -267,6 +255,9 @@ class ReformConfig:
     # question's words wins, not the one that matches a single word best (docs/results/gather-maxsim).
     # Not in the paper.
     query_aggregate: str = field(default="maxsim", metadata=added_later("max"))
+    # how loudly each question token votes in maxsim: ``uniform``, or ``idf``: by how rare its token is in
+    # the context (``rarity_weights``), so a book's recurring names do not outvote the word asked about
+    query_weights: str = field(default="uniform", metadata=added_later("uniform"))
     # > 0: maxsim's mean over only the ``maxsim_top`` question tokens that match each window best, for
     # prompts whose instruction is not told apart from their question (docs/results/gather-maxsim)
     maxsim_top: int = field(default=0, metadata=added_later(0))
@@ -318,6 +309,9 @@ class ReformConfig:
         if self.query_aggregate == "maxsim" and (self.query_baseline or self.match_run):
             raise ValueError("query_baseline and match_run adjust the paper's per-token max: use them with "
                              "query_aggregate=max (maxsim, the default, scores whole windows)")
+        if self.query_weights not in QUERY_WEIGHTS or (self.query_weights != "uniform" and self.query_aggregate != "maxsim"):
+            raise ValueError(f"query_weights must be {' or '.join(QUERY_WEIGHTS)} (idf with query_aggregate=maxsim), "
+                             f"got {self.query_weights!r}")
         if self.query_tokens not in QUERY_TOKENS:
             raise ValueError(f"query_tokens must be {' or '.join(QUERY_TOKENS)}, got {self.query_tokens!r}")
 
@@ -449,7 +443,9 @@ class Reform(Method):
         ``query_aggregate="maxsim"``, each window's mean over the question tokens of their best cosine."""
         c = self.config
         if c.query_aggregate == "maxsim":
-            return window_maxsim(ctx.state.data, query, c.pool_window, top=c.maxsim_top)
+            weights = None if c.query_weights == "uniform" else rarity_weights(
+                ctx.ids, torch.as_tensor(part.search_question)[self.searching(ctx, part)], c.pool_window)
+            return window_maxsim(ctx.state.data, query, c.pool_window, weights, top=c.maxsim_top)
         return max_pool(self.similarities(ctx, part, query), self.config.pool_window)
 
     def similarities(self, ctx: Context, part: QuestionPart, query: torch.Tensor | None = None) -> torch.Tensor:
@@ -468,17 +464,18 @@ class Reform(Method):
         if ctx.cache.length + len(part.ids) > engine.shape.window:
             raise ValueError(f"the question ({len(part.ids)} tokens) does not fit the window next to the "
                              f"compressed cache ({ctx.cache.length}); shorten it or lower the cache budget")
-        q_emb = HeadEmbeddings(list(c.heads), engine.shape, len(part.ids), ctx.ids.device, c.embed_dtype)
-        q_emb.begin(0, len(part.ids))
-        engine.forward(as_tensor(part.ids, ctx.ids.device), ctx.cache.clone(), hook=q_emb, qkv_only_next=True)
-        query = q_emb.data[part.query_span]
+        ids = part.search_ids           # without an instruction: it is read, not searched with
+        q_emb = HeadEmbeddings(list(c.heads), engine.shape, len(ids), ctx.ids.device, c.embed_dtype)
+        q_emb.begin(0, len(ids))
+        engine.forward(as_tensor(ids, ctx.ids.device), ctx.cache.clone(), hook=q_emb, qkv_only_next=True)
+        query = q_emb.data[part.search_span]
         if query.shape[0] == 0:
             raise ValueError("the question has no tokens to search with")
         return query[self.searching(ctx, part).to(query.device)]
 
     def searching(self, ctx: Context, part: QuestionPart) -> torch.Tensor:
-        """Which of the question's tokens (``part.query_span``) search the context, a bool mask."""
-        ids = torch.as_tensor(part.ids)[part.query_span].tolist()
+        """Which of the question's tokens (``part.search_question``) search the context, a bool mask."""
+        ids = list(part.search_question)
         if self.config.query_tokens == "content":
             return content_tokens(ctx.pipeline.tokenizer, ids)
         return torch.ones(len(ids), dtype=torch.bool)
