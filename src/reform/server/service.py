@@ -5,6 +5,7 @@ thread), and ``Service``, which plans a chat (which stored context answers it) a
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import hashlib
 import math
@@ -24,7 +25,7 @@ from .admission import Line
 from .files import FileStore
 from .libraries import VectorStores
 from .metrics import Metrics
-from .openai_schema import ApiError, Conversation, context_text, history_question
+from .openai_schema import SEPARATOR, ApiError, Conversation, context_text, history_question
 from .tenants import DailyTokens, Tenant, Tenants, seconds_to_next_day
 from .replicas import ContextStatus
 from .scheduler import QueueFull, Underway
@@ -109,6 +110,25 @@ class Keys:
 
     def tokens(self, text: str) -> int:
         return len(self.templater.encode(text))
+
+    def prefix_keys(self, texts: list[str], later_limit: int, tenant: Tenant) -> list[tuple[int, str]]:
+        """``(j, store key)`` for each prefix of the messages ``texts`` whose later messages may fit in
+        ``later_limit`` tokens, longest first: the key ``context_text`` of the first j would be stored under.
+        One tokenisation of the whole conversation gives every prefix's ids, so a chat of thousands of
+        messages costs what one text does; a prefix whose last token runs into the separator gets no key
+        here (the caller's exact check, ``of``, is the truth for the one it uses)."""
+        full = SEPARATOR.join(texts)
+        ids, starts = self.templater.context_offsets(full)
+        lead, keys, end, every = len(self.templater.prefix), [], len(full), as_tensor(ids, "cpu")
+        for j in range(len(texts), 0, -1):
+            later = len(ids) - bisect.bisect_left(starts, end + len(SEPARATOR), lo=lead) if j < len(texts) else 0
+            if later > later_limit + 2:      # +2: the suffix alone may tokenise a token or two apart
+                break
+            cut = bisect.bisect_left(starts, end, lo=lead)
+            if cut == len(ids) or starts[cut] == end:
+                keys.append((j, tenant.context_key(self.pipe.context_key(every[:cut]))))
+            end -= len(texts[j - 1]) + len(SEPARATOR)
+        return keys
 
 
 class Service:
@@ -272,17 +292,19 @@ class Service:
             return key, None, await self.fit_history(earlier, conv.question)
         if not earlier:         # a question alone (a chat UI's first message): the model answers it
             return None, None, conv.question
-        for j in range(len(earlier), 0, -1):
-            later = earlier[j:]
-            if later and await run_in_threadpool(self.keys.tokens, context_text(later)) > self.history_limit:
-                break
-            text = context_text(earlier[:j])
-            key, _ = await self.key_of(text, tenant)
-            if worker.contexts.has(key):    # the text still goes along: a damaged or evicted file is encoded again
-                return key, text, history_question(later, conv.question)
-        text = context_text(earlier)
-        key, _ = await self.key_of(text, tenant)
-        return key, text, conv.question
+        whole = context_text(earlier)
+        whole_key, _ = await self.key_of(whole, tenant)        # 413 past the limit, before any other work
+        candidates = await run_in_threadpool(self.keys.prefix_keys, [text for _, text in earlier],
+                                             self.history_limit, tenant)
+        for j, key in candidates:
+            if not worker.contexts.has(key):
+                continue
+            text, later = context_text(earlier[:j]), earlier[j:]
+            # the one prefix used is checked exactly: its own key, its later turns within the limit
+            if (await self.key_of(text, tenant))[0] == key and not (
+                    later and await run_in_threadpool(self.keys.tokens, context_text(later)) > self.history_limit):
+                return key, text, history_question(later, conv.question)   # the text goes along: a damaged
+        return whole_key, whole, conv.question                               # or evicted file is encoded again
 
     async def check_images(self, parts: list, context_id: str | None) -> None:
         """400 for images this server cannot take: a text-only model or method, an uploaded context beside
