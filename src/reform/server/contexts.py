@@ -27,7 +27,8 @@ class Contexts:
         self.loaded: OrderedDict[str, Any] = OrderedDict()       # key -> Context, most recent last
         self.status: dict[str, ContextStatus] = {}                # contexts queued, encoding or failed here
         self.uploads: dict[str, Job] = {}                        # key -> the queued encode of an upload
-        self.lock = threading.Lock()                             # guards ``status`` and ``loaded``
+        self.deleted: dict[str, float] = {}     # key -> when it was deleted, for the encode under way to see
+        self.lock = threading.Lock()                             # guards ``status``, ``loaded``, ``deleted``
         self.encoded = 0                                         # contexts this process encoded (not loaded)
         self.tokens_encoded = 0                                  # over every encode here (for /metrics)
         self.encode_seconds = 0.0
@@ -79,6 +80,7 @@ class Contexts:
         if status is None:
             status = self.status[key] = ContextStatus(key, "queued", 0, method=self.method_of(text))
         status.status, status.error, status.tokens_encoded = "encoding", None, 0
+        began = time.monotonic()
         tokens = self.pipe.tokenize(text)          # once: the count shown and the ids encoded
         status.tokens = int(tokens.ids.shape[0])
         self.replicas.publish(status)
@@ -98,6 +100,9 @@ class Contexts:
             status.tokens_encoded = status.tokens
             status.bytes = self.store.put(key, ctx)
         except Exception as e:
+            if self.deleted_since(key, began):     # deleted while it ran: no failed note outlives the delete
+                self.store.drop_note(key)
+                raise
             status.status = "failed"
             status.error = "cancelled before the encode finished" if isinstance(e, Cancelled) else \
                 (str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -110,19 +115,38 @@ class Contexts:
         self.encoded += 1
         self.tokens_encoded += status.tokens
         self.encode_seconds += ctx.encode_seconds
-        self.remember(key, ctx)
+        if not self.remember(key, ctx, unless_deleted_since=began):
+            self.store.delete(key)                  # deleted as it was saved: the delete stands
+            self.store.drop_note(key)
+            raise Cancelled()
         return ctx
+
+    def deleted_since(self, key: str, began: float) -> bool:
+        with self.lock:
+            return self._deleted_since(key, began)
+
+    def _deleted_since(self, key: str, began: float) -> bool:
+        """Whether ``key`` was deleted after ``began`` (``self.lock`` held). The tombstones are spent: one
+        encode runs at a time, so none of them concerns the next."""
+        when = self.deleted.get(key)
+        self.deleted.clear()
+        return when is not None and when >= began
 
     def method_of(self, text) -> str:
         """The method a context of ``text`` (plain text or an extracted document) is encoded with."""
         return self.pipe.method_for(text if isinstance(text, Extracted) else None).name
 
-    def remember(self, key: str, ctx) -> None:
+    def remember(self, key: str, ctx, unless_deleted_since: float | None = None) -> bool:
+        """Keep ``ctx`` in memory; with ``unless_deleted_since``, only if ``key`` was not deleted since
+        then (checked under the lock ``forget`` takes, so a delete lands before or after, never between)."""
         with self.lock:
+            if unless_deleted_since is not None and self._deleted_since(key, unless_deleted_since):
+                return False
             self.loaded[key] = ctx
             self.loaded.move_to_end(key)
             while len(self.loaded) > self.memory:
                 self.loaded.popitem(last=False)
+        return True
 
     # ------------------------------------------------------------------ from the event loop
     def at_hand(self, key: str) -> bool:
@@ -189,8 +213,10 @@ class Contexts:
         if (job := self.uploads.pop(key, None)) is not None:
             job.cancel.set()
         with self.lock:
+            self.deleted[key] = time.monotonic()      # an encode of it under way leaves nothing behind
             in_memory = self.loaded.pop(key, None) is not None
             status = self.status.pop(key, None)
+        self.store.drop_note(key)
         return self.store.delete(key) or in_memory or status is not None
 
     def describe(self, key: str) -> ContextStatus | None:
