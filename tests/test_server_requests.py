@@ -32,6 +32,12 @@ def test_oversize_body_and_context(store):
     ({"messages": [{"role": "user", "content": "why? " * WINDOW}]}, 400, "window"),   # a question alone, too long
     ({"messages": []}, 400, "messages"),
     ({"context_id": "0" * 32}, 404, "not found"),
+    # JSON types as sent, as OpenAI checks them: no coercion of strings or booleans (issue 100)
+    ({"max_tokens": True}, 400, "max_tokens"),
+    ({"max_tokens": "5"}, 400, "max_tokens"),
+    ({"stream": "yes"}, 400, "stream"),
+    ({"temperature": "0.5"}, 400, "temperature"),
+    ({"stream_options": {"include_usage": 1}}, 400, "include_usage"),
 ])
 def test_bad_requests_get_openai_errors(live, body, status, words):
     payload = {"model": "reform", "messages": DOC_CHAT, **body}

@@ -43,7 +43,7 @@ class ApiError(Exception):
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)     # JSON types as sent: "5" is no int, true no 1
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict] | None = None
 
@@ -135,7 +135,7 @@ def image_bytes(image_url) -> bytes:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)     # JSON types as sent: "5" is no int, true no 1
     include_usage: bool = False
 
 
@@ -144,7 +144,7 @@ class ChatRequest(BaseModel):
     uploaded to ``/v1/contexts``; then every message but the last may be left out. ``vector_store_ids``
     (``extra_body`` too) asks the files of those vector stores instead."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)     # JSON types as sent: "5" is no int, true no 1
     model: str
     messages: list[Message] = Field(min_length=1)
     stream: bool = False

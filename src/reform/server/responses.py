@@ -28,7 +28,7 @@ IGNORED = ("store", "metadata", "user", "parallel_tool_calls", "tool_choice", "t
 
 
 class ResponseRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)     # JSON types as sent: "5" is no int, true no 1
     model: str
     input: str | list[dict]
     instructions: str | None = None

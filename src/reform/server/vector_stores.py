@@ -24,19 +24,19 @@ class StoreBody(BaseModel):
     """``vector_stores.create`` and ``update``: what they send (``chunking_strategy``, ``expires_after`` and
     ``description`` are accepted and not used: a document is encoded whole)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)     # JSON types as sent: "5" is no int, true no 1
     name: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
     file_ids: list[str] | None = Field(None, max_length=500)
 
 
 class FileBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)     # JSON types as sent: "5" is no int, true no 1
     file_id: str
 
 
 class BatchBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)     # JSON types as sent: "5" is no int, true no 1
     file_ids: list[str] = Field(min_length=1, max_length=500)
 
 
