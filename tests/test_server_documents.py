@@ -13,7 +13,7 @@ import pytest
 
 from reform.documents import extract_bytes
 
-from live_server import LiveServer, make_pipe
+from live_server import LiveServer, make_pipe, wait_status
 
 PDF = (Path(__file__).parent / "data" / "documents" / "book.pdf").read_bytes()
 Q = "What number was engraved on the silver medal?"
@@ -172,3 +172,13 @@ def test_a_pdf_gets_the_same_gather_and_evidence_from_the_server_as_from_reform_
         assert plain.choices[0].message.content is not None
         after = {c.get("method") for c in httpx.get(f"{server.url}/v1/contexts").json()["data"]}
     assert methods == {DOCUMENTS_METHOD[0]} and after == {DOCUMENTS_METHOD[0], "reform"}
+
+
+def test_a_page_of_100000_nested_divs_is_read_not_a_500(live):
+    """Client input never raises in the server (issue 100): the HTML walk is iterative."""
+    page = "<html><body>" + "<div>" * 100_000 + "The keeper's number is 11." + "</div>" * 100_000 + "</body></html>"
+    r = httpx.post(f"{live.url}/v1/contexts", files={"file": ("deep.html", page.encode(), "text/html")}, timeout=120)
+    assert r.status_code in (200, 202), r.text
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        status = wait_status(http, r.json()["id"], "ready")
+    assert status["tokens"] > 0
