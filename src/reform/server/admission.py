@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 from collections import deque
 
 from fastapi import Request
@@ -22,10 +24,27 @@ from .openai_schema import ApiError
 from .scheduler import Cancelled, QueueFull
 
 
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+FULL_WORDS = tuple(os.strerror(n) for n in FULL_ERRNOS)     # "No space left on device", "Disk quota exceeded"
+
+
+def storage_full(e: BaseException | None) -> bool:
+    """``e``, or what it was raised from, says the disk or the quota is full: an ``OSError``'s errno, or the
+    OS's words in the message of a library that keeps no errno (safetensors' ``SafetensorError``)."""
+    while e is not None:
+        if (isinstance(e, OSError) and e.errno in FULL_ERRNOS) or any(w in str(e) for w in FULL_WORDS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def failure(e: BaseException) -> ApiError:
     """A job's exception as the HTTP error it deserves."""
     if isinstance(e, ApiError):
         return e
+    if storage_full(e):
+        return ApiError(507, "the server's storage is full; nothing was saved, try again once space is freed",
+                        type="server_error", code="insufficient_storage")
     if isinstance(e, KeyError):
         return ApiError(404, f"context {str(e.args[0]).rpartition('/')[2]} not found (deleted, or removed by the "
                              "store's size budget)",

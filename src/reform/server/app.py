@@ -38,7 +38,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .admission import Waiting, still_wanted
+from .admission import Waiting, failure, still_wanted, storage_full
 from .edge import BodyLimit, Guard, asked, body_bytes, service_of, tenant_of
 from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
@@ -387,9 +387,10 @@ async def routing_error(request: Request, e: StarletteHTTPException):
 
 
 async def internal_error(request: Request, e: Exception):
-    """Whatever escaped every handler: a 500 in the same JSON shape, never a plain-text traceback."""
-    error = ApiError(500, f"internal error: {type(e).__name__}", type="server_error")
-    return JSONResponse(error.body(), status_code=500)
+    """Whatever escaped every handler: a 507 for a full disk, else a 500, in the same JSON shape, never a
+    plain-text traceback."""
+    error = failure(e) if storage_full(e) else ApiError(500, f"internal error: {type(e).__name__}", type="server_error")
+    return JSONResponse(error.body(), status_code=error.status)
 
 
 def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:

@@ -5,6 +5,7 @@ replica over one store sees the same files."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -30,16 +31,26 @@ class FileStore:
 
     def _write(self, path: str, data: bytes) -> None:
         temporary = f"{path}.tmp-{secrets.token_hex(4)}"
-        with self.fs.open(temporary, "wb") as f:
-            f.write(data)
-        self.fs.mv(temporary, path)
+        try:
+            with self.fs.open(temporary, "wb") as f:
+                f.write(data)
+            self.fs.mv(temporary, path)
+        finally:                    # a full disk or a failed move leaves no part behind
+            with contextlib.suppress(OSError):
+                if self.fs.exists(temporary):
+                    self.fs.rm_file(temporary)
 
     def create(self, data: bytes, filename: str, purpose: str) -> dict:
         file_id = "file-" + secrets.token_hex(12)
         meta = {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
                 "filename": filename, "purpose": purpose, "status": "processed", "status_details": None}
         self._write(self._path(file_id, ".bin"), data)
-        self._write(self._path(file_id, ".json"), json.dumps(meta).encode())
+        try:
+            self._write(self._path(file_id, ".json"), json.dumps(meta).encode())
+        except BaseException:       # a file without its object is never listed: remove its bytes
+            with contextlib.suppress(OSError):
+                self.fs.rm_file(self._path(file_id, ".bin"))
+            raise
         return meta
 
     def get(self, file_id: str) -> dict:
