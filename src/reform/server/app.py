@@ -38,8 +38,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .admission import Waiting, failure, still_wanted, storage_full
-from .edge import BodyLimit, Guard, asked, body_bytes, service_of, tenant_of
+from .admission import Waiting, still_wanted
+from .edge import BodyLimit, Guard, Internal, asked, body_bytes, error_response, service_of, tenant_of
 from ..documents import DocumentError, Extracted, decode_text
 from .openai_schema import MEDIA_SUFFIX, ApiError, ChatRequest, Conversation
 from .libraries import LibraryQuestion
@@ -387,10 +387,9 @@ async def routing_error(request: Request, e: StarletteHTTPException):
 
 
 async def internal_error(request: Request, e: Exception):
-    """Whatever escaped every handler: a 507 for a full disk, else a 500, in the same JSON shape, never a
+    """An exception in the edge itself (``Internal`` answers the app's): the same JSON shape, never a
     plain-text traceback."""
-    error = failure(e) if storage_full(e) else ApiError(500, f"internal error: {type(e).__name__}", type="server_error")
-    return JSONResponse(error.body(), status_code=error.status)
+    return error_response(e)
 
 
 def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
@@ -401,6 +400,7 @@ def create_app(worker: Worker, settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, routing_error)
     app.add_exception_handler(Exception, internal_error)
+    app.add_middleware(Internal)                 # innermost: the app's unhandled errors, answered and logged
     app.add_middleware(Guard, service=app.state.service)
     app.add_middleware(BodyLimit, limit=app.state.settings.max_body_bytes)
     if app.state.settings.allowed_origins:      # outermost: preflight requests answered before the API key

@@ -2,7 +2,8 @@
 
 - ``Guard``: the tenant a key belongs to (``request.state.tenant``) and its requests-in-flight quota, the
   body limit by ``Content-Length``, request ids, metrics, the access log;
-- ``BodyLimit``: the body limit as the bytes arrive, whatever the framing (``body_bytes`` for a handler).
+- ``BodyLimit``: the body limit as the bytes arrive, whatever the framing (``body_bytes`` for a handler);
+- ``Internal``: an exception no handler answered, as a 500 (or 507) that keeps the connection, logged.
 """
 
 from __future__ import annotations
@@ -118,6 +119,41 @@ class BodyLimit:
 
 
 ACCESS_LOG = logging.getLogger("reform.access")
+SERVER_LOG = logging.getLogger("reform.server")
+
+
+def error_response(e: BaseException) -> JSONResponse:
+    """What escaped every handler, as an error in the OpenAI shape: a 507 for a full disk, else a 500 that
+    names the exception's type (its message may quote what a client sent or a path, so it goes to the log)."""
+    from .admission import failure, storage_full
+    error = failure(e) if storage_full(e) else ApiError(500, f"internal error: {type(e).__name__}", type="server_error")
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+class Internal:
+    """ASGI middleware, innermost: an exception no handler answered becomes ``error_response`` here, and its
+    traceback goes to the log once with the request's path. Answered here, the connection stays usable:
+    Starlette's outermost handler re-raises after answering, and uvicorn then drops the keep-alive
+    connection, which resets the client's next request on it. A response already started is cut instead."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = [False]
+
+        async def sending(message):
+            started[0] = started[0] or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as e:
+            SERVER_LOG.error("unhandled error in %s %s", scope.get("method"), scope.get("path"), exc_info=e)
+            if started[0]:
+                raise
+            await error_response(e)(scope, receive, send)
 
 
 class Guard:

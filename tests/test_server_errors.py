@@ -1,0 +1,42 @@
+"""An unexpected error answers 500 in the OpenAI shape, logs its traceback once, and leaves the
+keep-alive connection usable for the client's next request (issue 100)."""
+
+import logging
+import socket
+
+from live_server import DOC_CHAT
+
+
+def exchange(sock: socket.socket, request: bytes) -> bytes:
+    """Send one HTTP/1.1 request on ``sock`` and read its whole response (by Content-Length)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection mid-body"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_500_keeps_the_connection_and_logs_its_traceback(live, monkeypatch, caplog):
+    def broken(model):
+        raise RuntimeError("a bug, with /secret/path in its words")
+    monkeypatch.setattr(live.app.state.service, "check_model", broken)
+    import json
+    body = json.dumps({"model": "reform", "messages": DOC_CHAT, "max_tokens": 2}).encode()
+    chat = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with caplog.at_level(logging.ERROR, logger="reform.server"), socket.create_connection(("127.0.0.1", live.port)) as s:
+        first = exchange(s, chat)
+        assert first.startswith(b"HTTP/1.1 500") and b'"internal error: RuntimeError"' in first
+        assert b"/secret/path" not in first
+        second = exchange(s, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")    # the same connection
+        assert second.startswith(b"HTTP/1.1 200") and b'"object":"list"' in second
+    logged = [r for r in caplog.records if r.name == "reform.server"]
+    assert len(logged) == 1 and logged[0].exc_info and "/v1/chat/completions" in logged[0].getMessage()
