@@ -205,3 +205,24 @@ def test_version_is_printed_on_its_own():
     assert r.exit_code == 0 and r.stdout == f"reform {__version__}\n"
     r = runner.invoke(app, ["--version", "ask", "nope.txt"])        # eager: before any command runs
     assert r.exit_code == 0 and r.stdout == f"reform {__version__}\n"
+
+
+def test_closed_standard_input_is_one_line_not_a_traceback():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "from reform.cli.main import main; main()", "ask", "-", "-q", "x"],
+                       capture_output=True, text=True, preexec_fn=lambda: __import__("os").close(0), timeout=120)
+    assert r.returncode == 2 and "standard input is closed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_named_pipe_is_read_as_a_stream(tiny_model_dir, tmp_path):
+    import os
+    import threading
+    fifo = tmp_path / "doc.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("The keeper's cat is named Maren. " * 10), daemon=True)
+    writer.start()
+    r = run("ask", str(fifo), "-q", "What is the cat named?", "--model", str(tiny_model_dir), "--heads", "1:v:0,2:q:3",
+            "--chunk-size", "64", "--cache-budget", "128", "--recompute-budget", "200", "--max-new-tokens", "2", "--json")
+    writer.join(timeout=30)
+    assert r.exit_code == 0, r.output

@@ -101,6 +101,14 @@ def ocr_progress(quiet: bool = False):
             yield
 
 
+def read_stdin() -> bytes:
+    """Standard input's bytes; a one-line error where there is none to read (closed, as with ``0<&-``)."""
+    try:
+        return sys.stdin.buffer.read()
+    except (AttributeError, OSError, ValueError):      # sys.stdin is None, or its descriptor is closed
+        raise CliError("standard input is closed: pipe a document into '-' or name a file") from None
+
+
 def read_document(path: Path, limits=None, quiet: bool = False):
     """One document (PDF, scans, DOCX, XLSX, CSV, PPTX, HTML, EPUB, Markdown, text, code), a folder of them
     or a quoted glob ('docs/*.pdf') as one ``Extracted``; ``-`` reads standard input. Files of a folder that
@@ -110,9 +118,13 @@ def read_document(path: Path, limits=None, quiet: bool = False):
     try:
         with ocr_progress(quiet):
             if str(path) == "-":
-                doc = extract_bytes(sys.stdin.buffer.read(), "standard input", limits)
+                doc = extract_bytes(read_stdin(), "standard input", limits)
             elif not path.exists() and not any(c in str(path) for c in "*?["):
                 raise CliError(f"file not found: {path}")
+            elif path.exists() and not path.is_file() and not path.is_dir():
+                # a pipe (mkfifo, <(...)) or a device: read as a stream, as "-" is
+                with open(path, "rb") as stream:
+                    doc = extract_bytes(stream.read(), path.name, limits)
             else:
                 doc = extract(path, limits=limits)
     except DocumentError as e:
