@@ -152,6 +152,16 @@ def test_zip_bombs_are_refused_before_anything_is_unpacked():
         extract_bytes(zip_with("OEBPS/a.xhtml", bomb, b"application/epub+zip"), "bomb.epub", limits)
 
 
+def test_a_part_the_library_parses_whole_is_refused_by_its_size_before_the_library_opens_it(monkeypatch):
+    """A 400 KB DOCX whose document.xml unpacks to 102 MB (under the zip's total limit) is refused from the
+    zip's directory: python-docx never inflates it (issue 100: the server's memory rose 412 MB first)."""
+    import docx
+    xml = b"<w:document><w:body>" + b"<w:p><w:r><w:t>a</w:t></w:r></w:p>" * (3 << 20) + b"</w:body></w:document>"
+    monkeypatch.setattr(docx, "Document", lambda *a: pytest.fail("python-docx opened the bomb"))
+    with pytest.raises(DocumentError, match=r"part 'word/document.xml' unpacks to 102 MB, over the limit of 64 MB"):
+        extract_bytes(zip_with("word/document.xml", xml), "bomb.docx")
+
+
 def test_a_member_that_lies_about_its_size_is_still_read_within_the_limit():
     from reform.documents.packaged import read_member
     data = bytearray(zip_with("META-INF/container.xml", b"<a>" + b" " * (4 << 20) + b"</a>"))

@@ -125,7 +125,10 @@ def test_workbook_and_deck_bombs_are_refused_before_they_are_unpacked():
         extract_bytes(huge, "dimensions.xlsx")
     assert "\n" not in str(e.value)
     strings = b"<sst>" + b"<si><t>a</t></si>" * 4_000_000 + b"</sst>"         # 68 MB of shared strings
-    with pytest.raises(DocumentError, match="shared strings unpack to 64 MB"):
+    with pytest.raises(DocumentError, match="shared strings unpack to 64 MB, over the limit of 58 MB"):
+        extract_bytes(make.zipped({"xl/workbook.xml": b"<workbook/>", "xl/sharedStrings.xml": strings}), "strings.xlsx",
+                      Limits(max_cells=1_000_000 - 40_000, max_part_bytes=128 << 20))
+    with pytest.raises(DocumentError, match="part 'xl/sharedStrings.xml' unpacks to 64 MB, over the limit of 64 MB"):
         extract_bytes(make.zipped({"xl/workbook.xml": b"<workbook/>", "xl/sharedStrings.xml": strings}), "strings.xlsx")
     slides = {f"ppt/slides/slide{i}.xml": b"<p:sld/>" for i in range(1, 10_001)}
     with pytest.raises(DocumentError, match="has 10,000 slides, over the limit of 5,000"):

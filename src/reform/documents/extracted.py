@@ -65,6 +65,7 @@ class Limits:
     images given as documents, or ``always``)."""
 
     max_unpacked_bytes: int = 512 << 20   # the members of a zip (DOCX, EPUB, XLSX, PPTX), unpacked, together
+    max_part_bytes: int = 64 << 20        # one XML or HTML part of such a zip, unpacked (a library parses it whole)
     max_pages: int = 5_000                # PDF pages, slides of a deck
     max_seconds: float = 600.0            # wall time of one extraction, OCR included
     max_files: int = 20_000               # documents in one folder or glob

@@ -11,10 +11,14 @@ import zipfile
 
 from .extracted import Builder, DocumentError, Extracted, Limits
 
+PARSED_PARTS = (".xml", ".rels", ".xhtml", ".html", ".htm", ".opf", ".ncx")   # what the libraries parse whole
 
-def open_zip(data: bytes, name: str, limits: Limits, kind: str) -> zipfile.ZipFile:
-    """The zip, refused in one line when it is no zip or unpacks past ``limits.max_unpacked_bytes``
-    (by the sizes its directory declares; reads are bounded by them too, see ``read_member``)."""
+
+def open_zip(data: bytes, name: str, limits: Limits, kind: str, streamed: tuple[str, ...] = ()) -> zipfile.ZipFile:
+    """The zip, refused in one line when it is no zip, unpacks past ``limits.max_unpacked_bytes`` or has an
+    XML or HTML part past ``limits.max_part_bytes`` (by the sizes its directory declares; reads are bounded
+    by them too, see ``read_member``). ``streamed``: folders of parts its library reads as a stream, not
+    whole (an XLSX's worksheets, bounded by their cells instead)."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, ValueError):
@@ -23,14 +27,22 @@ def open_zip(data: bytes, name: str, limits: Limits, kind: str) -> zipfile.ZipFi
     if unpacked > limits.max_unpacked_bytes:
         raise DocumentError(f"{name} unpacks to {unpacked >> 20} MB, over the limit of "
                             f"{limits.max_unpacked_bytes >> 20} MB (a zip bomb?)")
+    # a part a library parses whole is checked here, before it inflates (zipfile never inflates a member past
+    # the size its directory declares, so a lying directory cannot pass this)
+    for info in archive.infolist():
+        if info.filename.lower().endswith(PARSED_PARTS) and info.file_size > limits.max_part_bytes \
+                and not info.filename.startswith(streamed or "\0"):
+            raise DocumentError(f"{name}: its part {info.filename!r} unpacks to {info.file_size >> 20} MB, over the "
+                                f"limit of {limits.max_part_bytes >> 20} MB for one part (a zip bomb?)")
     return archive
 
 
-def open_package(data: bytes, name: str, limits: Limits, kind: str, main_part: str, opener):
+def open_package(data: bytes, name: str, limits: Limits, kind: str, main_part: str, opener,
+                 streamed: tuple[str, ...] = ()):
     """An Office Open XML file (DOCX, XLSX, PPTX) opened by its library's ``opener`` (a file object in,
     the document out), refused in one line when its zip is a bomb, lacks ``main_part`` or is damaged.
     Returns ``(zip, document)``; the zip is for checks that must come before the library reads a part."""
-    archive = open_zip(data, name, limits, kind)
+    archive = open_zip(data, name, limits, kind, streamed)
     if main_part not in archive.namelist():
         raise DocumentError(f"{name} is not a {kind} file (no {main_part})")
     return archive, lambda: _opened(opener, data, name, kind)

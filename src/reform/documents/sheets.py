@@ -81,7 +81,8 @@ def extract_xlsx(data: bytes, name: str, limits: Limits = Limits()) -> Extracted
 
     from .packaged import open_package
     archive, load = open_package(data, name, limits, "Excel (XLSX)", "xl/workbook.xml",
-                                 lambda f: load_workbook(f, read_only=True, data_only=True))
+                                 lambda f: load_workbook(f, read_only=True, data_only=True),
+                                 streamed=("xl/worksheets/",))   # read_only: rows as they come
     members = archive.namelist()
     shared = limits.max_cells * SHARED_BYTES_PER_CELL     # openpyxl holds every shared string in memory
     if "xl/sharedStrings.xml" in members and (size := archive.getinfo("xl/sharedStrings.xml").file_size) > shared:
