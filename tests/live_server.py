@@ -10,6 +10,7 @@ import uvicorn
 
 from reform.pipeline import Pipeline
 from reform.server import build_app
+from reform.server.http import HEADER_TIMEOUT_S, KEEP_ALIVE_S, protocol
 
 from conftest import CharTokenizer, tiny
 
@@ -26,14 +27,15 @@ def make_pipe():
 class LiveServer:
     """uvicorn serving ``build_app(...)`` on a free loopback port in a background thread."""
 
-    def __init__(self, pipe, store, **kw):
+    def __init__(self, pipe, store, header_timeout: float = HEADER_TIMEOUT_S, **kw):
         self.app = build_app(pipe, store, **kw)
         self.worker = self.app.state.worker
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    http=protocol(header_timeout), timeout_keep_alive=KEEP_ALIVE_S))
 
     def __enter__(self):
         self.thread = threading.Thread(target=self.server.run, daemon=True)

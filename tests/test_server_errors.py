@@ -40,3 +40,29 @@ def test_a_500_keeps_the_connection_and_logs_its_traceback(live, monkeypatch, ca
         assert second.startswith(b"HTTP/1.1 200") and b'"object":"list"' in second
     logged = [r for r in caplog.records if r.name == "reform.server"]
     assert len(logged) == 1 and logged[0].exc_info and "/v1/chat/completions" in logged[0].getMessage()
+
+
+def test_a_client_that_sends_its_headers_a_byte_at_a_time_is_cut_at_the_header_timeout(store):
+    """Slowloris (issue 100): every byte resets uvicorn's keep-alive timer, not the head's deadline."""
+    import time
+
+    from live_server import LiveServer, make_pipe
+    with LiveServer(make_pipe(), store, header_timeout=1.0) as live:
+        with socket.create_connection(("127.0.0.1", live.port)) as s:
+            began, answer = time.monotonic(), b""
+            s.settimeout(0.2)
+            for byte in b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40:
+                try:
+                    s.sendall(bytes([byte]))
+                except OSError:          # the server closed the connection
+                    break
+                try:
+                    if (got := s.recv(4096)) == b"" or got:
+                        answer += got
+                        break
+                except socket.timeout:
+                    continue
+            assert answer.startswith(b"HTTP/1.1 408") or answer == b""
+            assert 0.9 < time.monotonic() - began < 3.0
+        with socket.create_connection(("127.0.0.1", live.port)) as s:        # a prompt client is served
+            assert exchange(s, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")

@@ -43,6 +43,10 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                               "pages may call the API (CORS), e.g. http://localhost:3000; * for any"),
           shutdown_grace: float = typer.Option(30.0, "--shutdown-grace", help="seconds that requests in flight "
                                                "get to finish after SIGTERM / Ctrl-C before they are cut"),
+          header_timeout: float = typer.Option(10.0, "--header-timeout", help="seconds a client has to send a "
+                                               "request's headers (then 408 and the connection closed)"),
+          keep_alive: int = typer.Option(5, "--keep-alive", min=1, help="seconds an idle keep-alive connection "
+                                         "stays open"),
           access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="one JSON line per request "
                                           "on stderr (request id, path, status, seconds)"),
           ocr: str = OcrOpt,
@@ -63,6 +67,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
             raise CliError("--max-body-mb and --timeout must be positive")
         if not shutdown_grace >= 0:
             raise CliError("--shutdown-grace must be 0 or more")
+        if not header_timeout > 0:
+            raise CliError("--header-timeout must be positive")
         origins = tuple(o.strip() for o in allowed_origins.split(",") if o.strip())
         if bad := [o for o in origins if o != "*" and not o.startswith(("http://", "https://"))]:
             raise CliError(f"--allowed-origins: {bad[0]!r} is not an origin (http://host[:port] or https://...)")
@@ -106,7 +112,9 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         handler.setFormatter(logging.Formatter("%(message)s"))
         logging.getLogger("reform.access").addHandler(handler)
         logging.getLogger("reform.access").setLevel(logging.INFO)
-    uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace)
+    from ..server.http import protocol
+    uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace,
+                http=protocol(header_timeout), timeout_keep_alive=keep_alive)
 
 
 def methods_line(policy: dict) -> str:
