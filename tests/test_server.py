@@ -29,7 +29,10 @@ def test_chat_plain_and_streamed_equal_the_library(live):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip() == expected.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
-    assert chunks[-1].usage.completion_tokens == len(expected.tokens)
+    assert chunks[-1].usage.completion_tokens == len(expected.tokens) and chunks[-1].choices == []
+    # usage comes once, only when asked: summed over chunks as langchain-openai sums it, it is the answer's
+    assert sum(c.usage.prompt_tokens for c in chunks if c.usage) == r.usage.prompt_tokens
+    assert all(c.usage is None for c in chat(client, DOC_CHAT, stream=True))
     assert live.worker.contexts.encoded == 1                   # the re-sent document was not encoded again
 
 

@@ -23,7 +23,7 @@ def test_16k_document_over_chat_then_after_a_restart(tmp_path):
     store = tmp_path / "store"
     with LiveServer(pipe, store) as server:
         chunks = list(server.client(timeout=900).chat.completions.create(model="reform", messages=messages, max_tokens=24,
-                                                              stream=True))
+                                                              stream=True, stream_options={"include_usage": True}))
         answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert needle.answer in answer and server.worker.contexts.encoded == 1
         assert chunks[-1].usage.prompt_tokens > 16000

@@ -152,8 +152,9 @@ class Completion:
                 kind, value = event
                 if kind == "done":
                     answer, encoded = value
-                    yield self.chunk({}, answer.finish_reason, usage=self.usage(answer),
-                                     reform=self.extension(answer, encoded))
+                    # usage once, in a last chunk with no choices, and only when asked: as OpenAI sends it
+                    # (clients that sum usage over chunks, langchain-openai's, would count it twice)
+                    yield self.chunk({}, answer.finish_reason, reform=self.extension(answer, encoded))
                     if include_usage:
                         yield self.chunk(None, usage=self.usage(answer))
                     break
