@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
 from contextlib import contextmanager
@@ -20,6 +19,10 @@ def peak_memory_mb() -> float:
         for line in _STATUS.read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return round(int(line.split()[1]) / 1024, 1)
+    try:
+        import resource               # POSIX only: Windows has neither it nor /proc
+    except ImportError:
+        return 0.0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mb = rss / 1024 if sys.platform != "darwin" else rss / 2**20   # Linux reports KiB, macOS bytes
     return round(mb, 1)
