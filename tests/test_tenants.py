@@ -22,6 +22,7 @@ from reform.store import ContextStore
 from live_server import DOC, QUESTION, LiveServer, make_pipe
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
+OPS = "operator-key-5555555555"          # --metrics-key: /metrics shows every tenant's counts
 OTHER_DOC = "Rain fell on the hills while the river ran to the sea past the mill. " * 7
 
 
@@ -168,19 +169,19 @@ def test_store_quotas_answer_413(store, tmp_path):
             assert alice.delete(f"/v1/contexts/{ids[0]}").status_code == 200
             assert upload(alice, OTHER_DOC).status_code == 202        # room again
     (tmp_path / "bytes").mkdir()
-    settings = Settings(keys_file=keys_file(tmp_path / "bytes", store_bytes=1000))
+    settings = Settings(keys_file=keys_file(tmp_path / "bytes", store_bytes=1000), metrics_key=OPS)
     with LiveServer(make_pipe(), tmp_path / "store2", settings=settings) as server:
         with http(server, ALICE) as alice:
             wait_ready(alice, upload(alice, DOC).json()["id"])       # under the quota when accepted
             refused = upload(alice, OTHER_DOC)
             assert refused.status_code == 413 and "quota of 1000" in refused.json()["error"]["message"]
-            metrics = httpx.get(f"{server.url}/metrics").text
+            metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {OPS}"}).text
             assert 'reform_tenant_quota_refusals_total{quota="store_bytes",tenant="alice"} 1.0' in metrics
 
 
 def test_daily_tokens_answer_429_until_the_next_day_and_survive_a_restart(store, tmp_path):
     n = len(make_pipe().tokenize(DOC).ids)
-    settings = Settings(keys_file=keys_file(tmp_path, daily_tokens=n + 10))
+    settings = Settings(keys_file=keys_file(tmp_path, daily_tokens=n + 10), metrics_key=OPS)
     with LiveServer(make_pipe(), store, settings=settings) as server:
         with http(server, ALICE) as alice, http(server, BOB) as bob:
             wait_ready(alice, upload(alice, DOC).json()["id"])
@@ -190,7 +191,7 @@ def test_daily_tokens_answer_429_until_the_next_day_and_survive_a_restart(store,
             wait = int(refused.headers["retry-after"])
             assert 1 <= wait <= 86401 and abs(wait - (86400 - time.time() % 86400)) < 5
             assert upload(bob, OTHER_DOC).status_code == 202
-            metrics = httpx.get(f"{server.url}/metrics").text
+            metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {OPS}"}).text
             assert f'reform_tenant_encode_tokens_total{{tenant="alice"}} {float(n)}' in metrics
     with LiveServer(make_pipe(), store, settings=settings) as server:
         with http(server, ALICE) as alice:
@@ -329,14 +330,14 @@ def test_turns_hold_for_questions_asked_while_another_tenants_document_encodes(s
 
 
 def test_metrics_and_the_access_log_name_tenants_never_keys(store, keys, caplog):
-    with LiveServer(make_pipe(), store, settings=Settings(keys_file=keys)) as server:
+    with LiveServer(make_pipe(), store, settings=Settings(keys_file=keys, metrics_key=OPS)) as server:
         with caplog.at_level(logging.INFO, logger="reform.access"):
             with http(server, ALICE) as alice:
                 wait_ready(alice, upload(alice, DOC).json()["id"])
             server.client(BOB).models.list()
             with pytest.raises(openai.AuthenticationError):
                 server.client(ALICE + "x").models.list()
-        metrics = httpx.get(f"{server.url}/metrics").text
+        metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {OPS}"}).text
     assert 'reform_tenant_requests_total{status="202",tenant="alice"} 1.0' in metrics
     assert 'reform_tenant_requests_total{status="200",tenant="bob"} 1.0' in metrics
     assert 'reform_tenant_store_contexts{tenant="alice"} 1.0' in metrics
@@ -452,3 +453,26 @@ def test_a_refused_upload_costs_no_daily_tokens_and_files_count_toward_store_byt
         assert e.value.status_code == 413 and "contexts and files" in e.value.message
         with http(server, ALICE) as alice:
             assert upload(alice, OTHER_DOC).status_code == 413
+
+
+def test_other_tenants_activity_is_for_the_operator_only(store, tmp_path):
+    """/metrics and /openapi.json need the --metrics-key or an admin tenant's key; /health without one is
+    liveness alone (issue 100: they named every tenant and its counts to anyone)."""
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[tenants.alice]\nkey = "{ALICE}"\n[tenants.ops]\nkey = "{BOB}"\nadmin = true\n')
+    with LiveServer(make_pipe(), store, settings=Settings(keys_file=str(path), metrics_key=OPS)) as server:
+        get = lambda url, key=None: httpx.get(f"{server.url}{url}", headers={"Authorization": f"Bearer {key}"} if key else {})
+        for url in ("/metrics", "/openapi.json"):
+            for key in (None, ALICE, ALICE + "x"):
+                r = get(url, key)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "operator_key_required", (url, key)
+            assert get(url, OPS).status_code == 200 and get(url, BOB).status_code == 200    # BOB: admin
+        assert get("/health").json() == {"status": "ok"} and get("/health", ALICE).json() == {"status": "ok"}
+        assert "stored_contexts" in get("/health", OPS).json()
+        assert "alice" in get("/metrics", BOB).text
+    with LiveServer(make_pipe(), tmp_path / "one", settings=Settings(api_key=ALICE)) as server:   # one tenant
+        assert httpx.get(f"{server.url}/metrics").status_code == 401
+        assert httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {ALICE}"}).status_code == 200
+    with pytest.raises(KeysFileError, match="admin must be true or false"):
+        path.write_text(f'[tenants.alice]\nkey = "{ALICE}"\nadmin = "yes"\n')
+        read_keys_file(path)

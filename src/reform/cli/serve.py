@@ -25,6 +25,9 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
           keys: Optional[str] = typer.Option(None, "--keys", envvar="REFORM_KEYS_FILE",
                                              help="tenants, each with its own key, contexts and quotas: a .toml or "
                                              ".json file, or name:key lines (or set REFORM_KEYS_FILE)"),
+          metrics_key: Optional[str] = typer.Option(None, "--metrics-key", envvar="REFORM_METRICS_KEY",
+                                                    help="the operator's key for /metrics, /health's counts and "
+                                                    "/openapi.json (also: admin = true for a tenant in --keys)"),
           queue_size: int = typer.Option(16, "--queue-size", min=1, help="jobs queued for the model (per tenant)"),
           max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="answers decoded at once "
                                                   "(continuous batching; default: by free memory, at most 32)"),
@@ -77,16 +80,21 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
         ContextStore(store)                         # refuse an unusable store before the model loads
         if api_key is not None and not api_key.strip():
             raise CliError("--api-key is empty")
-        from ..server.tenants import KeysFileError, Tenants
+        from ..server.tenants import KeysFileError, Tenants, check_key
         try:
             tenants = Tenants.of(api_key, keys)     # a bad keys file is refused before the model loads
         except KeysFileError as e:
             raise CliError(str(e)) from None
+        if metrics_key is not None:
+            try:
+                check_key(metrics_key, "--metrics-key")
+            except KeysFileError as e:
+                raise CliError(str(e)) from None
         if keys is not None:
             keys = str(Path(keys).expanduser().resolve())       # Ray replicas read the same file
         check_port_free(host, port)
         load = load.load(documents=None)      # REFORM for text, the documents gather for files
-        settings = Settings(api_key=api_key, keys_file=keys, max_body_bytes=int(max_body_mb * 2**20),
+        settings = Settings(api_key=api_key, keys_file=keys, metrics_key=metrics_key, max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting,
                             limits=limits_for(ocr))

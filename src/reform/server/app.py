@@ -350,6 +350,9 @@ async def retrieve_model(name: str, request: Request):
 
 @router.get("/health")
 async def health(request: Request):
+    """Liveness for anyone; the counts (every tenant's together) only for the operator (``Tenants.operator``)."""
+    if not request.state.operator:
+        return {"status": "ok"}
     service = service_of(request)
     worker = service.worker
     return {"status": "ok", "model": service.model_id, "method": service.pipe.method.name,

@@ -119,6 +119,7 @@ class BodyLimit:
 
 
 ACCESS_LOG = logging.getLogger("reform.access")
+OPERATOR_ONLY = ("/metrics", "/openapi.json")   # every tenant's names and counts; the whole API's shape
 SERVER_LOG = logging.getLogger("reform.server")
 
 
@@ -184,12 +185,14 @@ class Guard:
         tenant = service.tenants.find(request.headers.get("authorization", "")) \
             if request.url.path.startswith("/v1/") else None
         scope.setdefault("state", {})["tenant"] = tenant
+        scope["state"]["operator"] = operator = service.tenants.operator(request.headers.get("authorization", ""),
+                                                                         service.settings.metrics_key)
         counted = tenant is not None and not self.over_quota(tenant)
         if counted:
             service.in_flight[tenant.name] += 1
             service.metrics.tenant_in_flight.labels(tenant.name).inc()
         try:
-            refusal = self.refusal(request, tenant, counted)
+            refusal = self.refusal(request, tenant, counted, operator)
             if refusal is not None:
                 await refusal(scope, receive, sending)
             else:
@@ -213,8 +216,13 @@ class Guard:
         most = tenant.quotas.in_flight
         return most is not None and self.service.in_flight[tenant.name] >= most
 
-    def refusal(self, request: Request, tenant, counted: bool) -> JSONResponse | None:
+    def refusal(self, request: Request, tenant, counted: bool, operator: bool) -> JSONResponse | None:
         settings, service = self.service.settings, self.service
+        if request.url.path in OPERATOR_ONLY and not operator:
+            e = ApiError(401, f"{request.url.path} is for the server's operator: send 'Authorization: Bearer KEY' "
+                              "with the --metrics-key or an admin tenant's key", type="authentication_error",
+                         code="operator_key_required")
+            return JSONResponse(e.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
         if request.url.path.startswith("/v1/"):
             if tenant is None:
                 e = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",

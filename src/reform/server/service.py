@@ -36,6 +36,7 @@ from .worker import Worker
 class Settings:
     api_key: str | None = None              # one key: the single tenant ``default``
     keys_file: str | None = None            # tenants, their keys and quotas (``tenants.read_keys_file``)
+    metrics_key: str | None = None          # the operator's key for /metrics, /health's counts, /openapi.json
     max_body_bytes: int = 64 << 20          # 413 above this
     max_context_tokens: int = 2_000_000     # 413 above this
     request_timeout: float = 900.0          # 504 after this many seconds (encode included)

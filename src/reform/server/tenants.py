@@ -54,6 +54,7 @@ class Tenant:
     name: str
     key: str | None = field(default=None, repr=False)     # never printed: not in repr, logs or errors
     quotas: Quotas = Quotas()
+    admin: bool = False     # may read what concerns every tenant: /metrics, /health's counts, /openapi.json
 
     @property
     def scope(self) -> str:
@@ -100,8 +101,8 @@ class Tenants:
             raise KeysFileError("give --api-key or --keys, not both (a single key is a keys file of one tenant)")
         if keys_file is not None:
             return cls(read_keys_file(keys_file))
-        if api_key is not None:
-            return cls([Tenant(DEFAULT, check_key(api_key, "--api-key"))])
+        if api_key is not None:         # one tenant: nobody else's activity to see
+            return cls([Tenant(DEFAULT, check_key(api_key, "--api-key"), admin=True)])
         return cls([Tenant(DEFAULT)], open=True)
 
     def find(self, authorization: str) -> Tenant | None:
@@ -117,6 +118,19 @@ class Tenants:
             if hmac.compare_digest(digest, known):
                 found = tenant
         return found if scheme.lower() == "bearer" else None
+
+    def operator(self, authorization: str, metrics_key: str | None = None) -> bool:
+        """Whether a request may read what concerns every tenant (``/metrics``, ``/health``'s counts,
+        ``/openapi.json``): on an open server without ``metrics_key``, anyone; else the bearer of
+        ``metrics_key`` or of an admin tenant's key (compared in constant time, as ``find`` does)."""
+        if self.open and metrics_key is None:
+            return True
+        scheme, _, given = authorization.partition(" ")
+        by_metrics_key = metrics_key is not None and hmac.compare_digest(
+            hashlib.sha256(given.strip().encode("utf-8", "surrogateescape")).digest(),
+            hashlib.sha256(metrics_key.encode()).digest())
+        tenant = None if self.open else self.find(authorization)
+        return scheme.lower() == "bearer" and (by_metrics_key or (tenant is not None and tenant.admin))
 
     def names(self) -> list[str]:
         return [t.name for t in self.all]
@@ -154,7 +168,7 @@ def read_keys_file(path: str | Path) -> list[Tenant]:
     if not entries:
         raise KeysFileError(f"{where} names no tenants")
     tenants, seen_keys = [], {}
-    for name, key, quotas, at in entries:
+    for name, key, quotas, admin, at in entries:
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise KeysFileError(f"{where}, {at}: tenant name {str(name)[:80]!r} is not 1-64 letters, digits, '_', "
                                 "'.' or '-' (starting with a letter or digit)")
@@ -166,7 +180,7 @@ def read_keys_file(path: str | Path) -> list[Tenant]:
         if key in seen_keys:
             raise KeysFileError(f"{where}, {at}: tenants {seen_keys[key]!r} and {name!r} have the same key")
         seen_keys[key] = name
-        tenants.append(Tenant(name, key, quotas))
+        tenants.append(Tenant(name, key, quotas, admin))
     return tenants
 
 
@@ -179,7 +193,7 @@ def _line_entries(text: str, where: str) -> list:
         name, colon, key = line.partition(":")
         if not colon:
             raise KeysFileError(f"{where}, line {number}: not 'name:key'")
-        entries.append((name.strip(), key.strip(), Quotas(), f"line {number}"))
+        entries.append((name.strip(), key.strip(), Quotas(), False, f"line {number}"))
     return entries
 
 
@@ -198,12 +212,16 @@ def _table_entries(text: str, suffix: str, where: str) -> list:
         at = f"tenant {str(name)[:80]!r}"
         if not isinstance(entry, dict):
             raise KeysFileError(f"{where}, {at}: expected a table with 'key' and optional quotas")
-        if unknown := sorted(set(entry) - known - {"key"}):
-            raise KeysFileError(f"{where}, {at}: unknown field {unknown[0]!r} (known: key, {', '.join(sorted(known))})")
+        if unknown := sorted(set(entry) - known - {"key", "admin"}):
+            raise KeysFileError(f"{where}, {at}: unknown field {unknown[0]!r} (known: key, admin, "
+                                f"{', '.join(sorted(known))})")
+        if not isinstance(entry.get("admin", False), bool):
+            raise KeysFileError(f"{where}, {at}: admin must be true or false")
         for q in known & set(entry):
             if type(entry[q]) is not int or entry[q] <= 0:
                 raise KeysFileError(f"{where}, {at}: {q} must be a positive whole number")
-        entries.append((name, entry.get("key"), Quotas(**{q: entry[q] for q in known & set(entry)}), at))
+        entries.append((name, entry.get("key"), Quotas(**{q: entry[q] for q in known & set(entry)}),
+                        entry.get("admin", False), at))
     return entries
 
 
