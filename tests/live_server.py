@@ -56,7 +56,7 @@ class LiveServer:
 
 
 def chat(client, messages, **kw):
-    return client.chat.completions.create(model="reform", messages=messages, **{"max_tokens": 10, **kw})
+    return client.chat.completions.create(messages=messages, **{"model": "reform", "max_tokens": 10, **kw})
 
 
 DOC_CHAT = [{"role": "system", "content": DOC}, {"role": "user", "content": QUESTION}]

@@ -110,6 +110,15 @@ def test_unknown_endpoints_and_methods_answer_in_the_openai_shape_and_models_can
     assert client.models.retrieve(name).id == name == client.models.retrieve("reform").id
     with pytest.raises(openai.NotFoundError, match="not served here"):
         client.models.retrieve("gpt-4o")
+    card = client.models.retrieve(name).model_extra      # how long an input may be, not only the window (issue 101)
+    assert card["max_model_len"] == Settings().max_context_tokens and card["window"] == WINDOW
+
+
+def test_a_served_model_name_is_listed_and_answered_to(store):
+    with LiveServer(make_pipe(), store, settings=Settings(model_id="acme-reader")) as server:
+        client = server.client()
+        assert [m.id for m in client.models.list()] == ["acme-reader"]
+        assert chat(client, DOC_CHAT, model="acme-reader").choices[0].finish_reason in ("stop", "length")
 
 
 def test_a_request_without_max_tokens_answers_within_the_window(live):

@@ -28,6 +28,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
           metrics_key: Optional[str] = typer.Option(None, "--metrics-key", envvar="REFORM_METRICS_KEY",
                                                     help="the operator's key for /metrics, /health's counts and "
                                                     "/openapi.json (also: admin = true for a tenant in --keys)"),
+          served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="the model id "
+                                                          "/v1/models lists and requests name (default: the model's)"),
           queue_size: int = typer.Option(16, "--queue-size", min=1, help="jobs queued for the model (per tenant)"),
           max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="answers decoded at once "
                                                   "(continuous batching; default: by free memory, at most 32)"),
@@ -94,7 +96,10 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
             keys = str(Path(keys).expanduser().resolve())       # Ray replicas read the same file
         check_port_free(host, port)
         load = load.load(documents=None)      # REFORM for text, the documents gather for files
-        settings = Settings(api_key=api_key, keys_file=keys, metrics_key=metrics_key, max_body_bytes=int(max_body_mb * 2**20),
+        if served_model_name is not None and not served_model_name.strip():
+            raise CliError("--served-model-name is empty")
+        settings = Settings(api_key=api_key, keys_file=keys, metrics_key=metrics_key, model_id=served_model_name,
+                            max_body_bytes=int(max_body_mb * 2**20),
                             max_context_tokens=max_context_tokens, request_timeout=timeout,
                             default_max_tokens=max_tokens, allowed_origins=origins, max_waiting=max_waiting,
                             limits=limits_for(ocr))

@@ -153,7 +153,9 @@ class Service:
         self.vector_stores = VectorStores(self)
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "documents_method": self.pipe.documents_method.name,
-                           "window": self.pipe.engine.shape.window}
+                           "window": self.pipe.engine.shape.window,
+                           # the longest input taken (vLLM's field, which clients budget by), not the window
+                           "max_model_len": settings.max_context_tokens}
 
     async def extract(self, data: bytes, filename: str) -> Extracted:
         """A document's bytes as text with its map (off the event loop); 415 for a type reform does not
