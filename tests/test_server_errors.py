@@ -66,3 +66,26 @@ def test_a_client_that_sends_its_headers_a_byte_at_a_time_is_cut_at_the_header_t
             assert 0.9 < time.monotonic() - began < 3.0
         with socket.create_connection(("127.0.0.1", live.port)) as s:        # a prompt client is served
             assert exchange(s, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+def test_a_failed_job_logs_its_traceback_and_encodes_log_their_start_and_end(live, monkeypatch, caplog):
+    """The operator sees why a job failed, and each encode's tokens, seconds and bytes (issue 102)."""
+    import httpx
+    import openai
+    import pytest
+
+    from live_server import DOC, chat, wait_status
+    with caplog.at_level(logging.INFO, logger="reform.server"), httpx.Client(base_url=live.url, timeout=60) as http:
+        key = http.post("/v1/contexts", json={"text": DOC}).json()["id"]
+        wait_status(http, key, "ready")
+        def broken(*a, **k):
+            raise RuntimeError("a bug in the model thread")
+        monkeypatch.setattr(live.worker.contexts, "context", broken)
+        with pytest.raises(openai.InternalServerError):
+            chat(live.client(), [{"role": "user", "content": "Why?"}], extra_body={"context_id": key})
+    lines = [r for r in caplog.records if r.name == "reform.server"]
+    assert any(r.getMessage().startswith(f"encode started: context {key}") for r in lines)
+    assert any(r.getMessage().startswith(f"encode finished: context {key}") and "bytes stored" in r.getMessage()
+               for r in lines)
+    failed = [r for r in lines if "job failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info[0] is RuntimeError

@@ -52,6 +52,9 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
                                                "request's headers (then 408 and the connection closed)"),
           keep_alive: int = typer.Option(5, "--keep-alive", min=1, help="seconds an idle keep-alive connection "
                                          "stays open"),
+          log_level: str = typer.Option("info", "--log-level", help="the server's log on stderr: debug, info "
+                                        "(encodes started and finished), warning or error (failed jobs, with "
+                                        "their tracebacks)"),
           access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="one JSON line per request "
                                           "on stderr (request id, path, status, seconds)"),
           ocr: str = OcrOpt,
@@ -74,6 +77,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
             raise CliError("--shutdown-grace must be 0 or more")
         if not header_timeout > 0:
             raise CliError("--header-timeout must be positive")
+        if log_level.lower() not in LOG_LEVELS:
+            raise CliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
         origins = tuple(o.strip() for o in allowed_origins.split(",") if o.strip())
         if bad := [o for o in origins if o != "*" and not o.startswith(("http://", "https://"))]:
             raise CliError(f"--allowed-origins: {bad[0]!r} is not an origin (http://host[:port] or https://...)")
@@ -119,15 +124,24 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="address to liste
     err.print(f"serving {pipe.model_name} ({methods_line(pipe.policy)}) on http://{host}:{port}/v1 · store {store}"
               + access_line(tenants), highlight=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import logging
+    server_log = logging.StreamHandler()
+    server_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("reform").addHandler(server_log)
+    logging.getLogger("reform").setLevel(log_level.upper())
+    access = logging.getLogger("reform.access")
+    access.propagate = False              # its lines are JSON, each on its own, not in the server log's format
     if access_log:
-        import logging
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
-        logging.getLogger("reform.access").addHandler(handler)
-        logging.getLogger("reform.access").setLevel(logging.INFO)
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
     from ..server.http import protocol
     uvicorn.run(web, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace,
                 http=protocol(header_timeout), timeout_keep_alive=keep_alive)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def methods_line(policy: dict) -> str:

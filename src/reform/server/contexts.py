@@ -6,16 +6,20 @@ else encodes it once, chunk by chunk, giving the model thread's loop its turn be
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from typing import Any
 
 from ..documents import Extracted
+from ..stats import peak_memory_mb
 from ..store import ContextFileError, ContextStore
 from .replicas import ContextStatus, Replicas
 from .scheduler import ENCODER, Cancelled, Job, QueueFull, Scheduler
-from .tenants import DEFAULT
+from .tenants import DEFAULT, public_id
+
+LOG = logging.getLogger("reform.server")
 
 
 class Contexts:
@@ -84,6 +88,7 @@ class Contexts:
         tokens = self.pipe.tokenize(text)          # once: the count shown and the ids encoded
         status.tokens = int(tokens.ids.shape[0])
         self.replicas.publish(status)
+        LOG.info("encode started: context %s, %d tokens, %s", public_id(key), status.tokens, status.method)
         published = [time.monotonic()]
 
         def between_chunks(n: int) -> None:
@@ -111,6 +116,8 @@ class Contexts:
         finally:
             self.scheduler.encoder = None
         status.status, status.encode_seconds = "ready", round(ctx.encode_seconds, 3)
+        LOG.info("encode finished: context %s, %d tokens in %.1f s, %d bytes stored, peak memory %.0f MB",
+                 public_id(key), status.tokens, ctx.encode_seconds, status.bytes, peak_memory_mb())
         self.store.drop_note(key)
         self.encoded += 1
         self.tokens_encoded += status.tokens

@@ -16,6 +16,7 @@ the model evenly; otherwise the batch decodes a step whenever no job is ready.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from greenlet import greenlet
 from ..methods.answering import Answering, Together
 from .tenants import DEFAULT
 
+LOG = logging.getLogger("reform.server")
 ABANDONED_GRACE_S = 60  # an encode no chat waits for any more goes on this long for a client's retry
 
 # why a paused job waits: for its next turn, for the encoder to be free, for room in the batch
@@ -88,10 +90,18 @@ class Job:
             pass
 
     def fail(self, e: BaseException) -> None:
+        if not expected(e):          # a fault, not a refusal: the operator gets its traceback, once
+            LOG.error("%s job failed (context %s)", self.kind, (self.key or "-").rpartition("/")[2], exc_info=e)
         # without its traceback: its frames hold the generation's tensors (tens of MB) in a reference
         # cycle through this frame, which only a full garbage collection would free
         e.__traceback__ = None
         self.resolve(False, e)
+
+
+def expected(e: BaseException) -> bool:
+    """A job's end that is no fault of the server: the client left, or the request was refused (our one-line
+    ``ValueError``/``TypeError``, a missing context's ``KeyError``, an HTTP error below 500)."""
+    return isinstance(e, (Cancelled, KeyError, ValueError, TypeError)) or getattr(e, "status", 500) < 500
 
 
 @dataclass
