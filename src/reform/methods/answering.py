@@ -83,6 +83,7 @@ class Answering:
         self.policy = method.generation_policy(ctx)
         self.alone = self.policy is not None or self.window > engine.shape.window
         self.choose = sampling.chooser(prompt.device)
+        self.prompt_ids = prompt if sampling.penalised else None     # what a repetition penalty counts
         self.stop = StopScanner(sampling.stop, part.one_line)
         self.tokens: list[int] = []
         self.shown, self.finish, self.done = "", "stop", False
@@ -96,7 +97,7 @@ class Answering:
         """Choose the next token from ``logits`` (default: this answer's own), stream the text it adds,
         and return True once the answer is complete (end-of-sequence, a stop string or ``max_new_tokens``)."""
         pipe = self.ctx.pipeline
-        token = self.choose(self.logits if logits is None else logits)
+        token = self.choose(self.logits if logits is None else logits, self.prompt_ids, self.tokens)
         if token in pipe.eos_ids:
             return self._end("stop")
         if not self.tokens:

@@ -92,7 +92,9 @@ class Context:
     def start(self, question: str, *, answer_prefix: str = "", max_new_tokens: int = 64,
               on_text: Callable[[str], None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
               seed: int | None = None, stop: str | tuple[str, ...] = (), fit_window: bool = False,
-              layout: str = "question", instruction: str = "") -> Answering:
+              layout: str = "question", instruction: str = "", top_k: int = 0, min_p: float = 0.0,
+              repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+              presence_penalty: float = 0.0) -> Answering:
         """``ask``'s answer under way: the question checked, gathered and its prompt prefilled; its tokens
         come one at a time (``Answering``), alone or decoded with others (``methods/answering.py``).
 
@@ -100,7 +102,9 @@ class Context:
         answer prefix after the context exactly as given (a benchmark's own prompt), ``continuation`` also
         without closing a chat turn (``Templater.question``). ``instruction``: text the model reads right
         before the question that the gather does not search with (a benchmark's instruction). Greedy at ``temperature`` 0 (the default);
-        otherwise sampled (``top_p``, ``seed``); the answer ends before the first of the ``stop`` strings.
+        otherwise sampled (``top_k``, ``top_p``, ``min_p``, ``seed``); ``repetition_penalty``,
+        ``frequency_penalty`` and ``presence_penalty`` apply either way (``engine.sampling.Sampling``); the
+        answer ends before the first of the ``stop`` strings.
         A prompt plus ``max_new_tokens`` past the model's window is refused, unless ``fit_window``: then
         ``max_new_tokens`` is an upper bound, lowered to the room the window leaves after the prompt
         (finish reason "length" when that room runs out)."""
@@ -115,7 +119,8 @@ class Context:
             raise ValueError("max_new_tokens must be at least 1")
         if on_text is not None and not callable(on_text):
             raise TypeError(f"on_text must be a function that takes the new text, got {on_text!r}")
-        sampling = Sampling(temperature, top_p, seed, stop)
+        sampling = Sampling(temperature, top_p, seed, stop, top_k, min_p, repetition_penalty, frequency_penalty,
+                            presence_penalty)
         templater = self.pipeline.templater
         part = templater.question(question, answer_prefix, after_context=self.ids.shape[0] > len(templater.prefix),
                                   layout=layout, instruction=instruction)

@@ -22,7 +22,7 @@ UNSUPPORTED = {
     "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
     "function_call": "function calls", "logprobs": "log-probabilities", "top_logprobs": "log-probabilities",
     "logit_bias": "logit bias", "audio": "audio output", "modalities": "audio output", "prediction": "predicted outputs",
-    "frequency_penalty": "frequency penalties", "presence_penalty": "presence penalties", "web_search_options": "web search",
+    "web_search_options": "web search",
 }
 # Fields accepted and ignored because they do not change the answer.
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "safety_identifier",
@@ -152,6 +152,12 @@ class ChatRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
+    # vLLM's and llama.cpp's sampling fields, and OpenAI's penalties (``engine.sampling.Sampling`` checks ranges)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -186,8 +192,12 @@ class ChatRequest(BaseModel):
 
     def sampling(self) -> dict:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        given = {name: getattr(self, name) for name in ("top_k", "min_p", "repetition_penalty", "frequency_penalty",
+                                                        "presence_penalty") if getattr(self, name) is not None}
+        if given.get("top_k") == -1:         # vLLM's "all tokens"
+            given["top_k"] = 0
         return {"temperature": 0.0 if self.temperature is None else self.temperature,
-                "top_p": 1.0 if self.top_p is None else self.top_p, "seed": self.seed, "stop": tuple(stop)}
+                "top_p": 1.0 if self.top_p is None else self.top_p, "seed": self.seed, "stop": tuple(stop), **given}
 
     def max_new_tokens(self) -> int | None:
         """The answer length this request sets (``max_completion_tokens`` first), or None."""
