@@ -153,3 +153,27 @@ def test_the_store_budget_never_removes_a_librarys_documents(tmp_path):
                 {"role": "system", "content": text(i).decode()}, {"role": "user", "content": QUESTION}])
         assert live.worker.store.has(key) and len(live.worker.store.entries()) == 2
         assert client.vector_stores.files.retrieve(made.id, vector_store_id=store.id).status == "completed"
+
+
+def test_vector_store_search_returns_the_passages_an_answer_cites(live):
+    """``client.vector_stores.search`` (issue 101): the gather's passages, best first, with nothing generated;
+    the same passages as the answer's evidence; another tenant's store is a 404, filters a 400."""
+    client = live.client(ALICE)
+    files = [client.files.create(file=(f"light{i}.md", text(i)), purpose="assistants") for i in (1, 2, 3)]
+    store = client.vector_stores.create(name="search")
+    client.vector_stores.file_batches.create_and_poll(vector_store_id=store.id, file_ids=[f.id for f in files],
+                                                      poll_interval_ms=50)
+    found = client.vector_stores.search(store.id, query=QUESTION, max_num_results=5)
+    assert 1 <= len(found.data) <= 5
+    scores = [r.score for r in found.data]
+    assert scores == sorted(scores, reverse=True)
+    assert {r.file_id for r in found.data} <= {f.id for f in files} and {r.filename for r in found.data} <= \
+        {"light1.md", "light2.md", "light3.md"}
+    answer = client.responses.create(model="reform", input=QUESTION, tools=FILE_SEARCH(store.id), max_output_tokens=2)
+    cited = answer.model_extra["reform"]["evidence"]
+    assert [r.content[0].text for r in found.data] == [e["text"] for e in cited][:len(found.data)]
+    assert "Keeper2" in " ".join(r.content[0].text for r in found.data)      # the evidence sentence is found
+    with pytest.raises(openai.NotFoundError):
+        live.client(BOB).vector_stores.search(store.id, query=QUESTION)
+    with pytest.raises(openai.BadRequestError, match="filters"):
+        client.vector_stores.search(store.id, query=QUESTION, filters={"type": "eq", "key": "a", "value": "b"})

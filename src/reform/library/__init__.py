@@ -309,12 +309,22 @@ class Library:
                                                             device=self.pipe.engine.device))
         return recompute.start(question, **options)
 
+    def search(self, question: str, *, documents: list[str] | None = None, candidates: int = 8,
+               shelf: dict[str, Document] | None = None) -> list:
+        """The passages an answer to ``question`` would cite, best first, with nothing generated: ``ask``'s
+        first stage and token gather (``collect``), then each gathered document's passages (``Passage``)."""
+        return self.evidence(self.collect(question, documents=documents, candidates=candidates, shelf=shelf))
+
+    @staticmethod
+    def evidence(collected: "Collected") -> list:
+        """Each gathered document's passages, best first."""
+        return sorted((p for g in collected.gathered if g.ctx.source is not None
+                       for p in evidence_passages(g.ctx.source, g.kept, g.scores)), key=lambda p: -(p.score or 0.0))
+
     def finish(self, answer: Answer, collected: "Collected") -> Answer:
         """The answer's evidence (each gathered document's passages, best first) and the stages' times."""
         answer.method = self.method.name
-        answer.evidence = sorted((p for g in collected.gathered if g.ctx.source is not None
-                                  for p in evidence_passages(g.ctx.source, g.kept, g.scores)),
-                                 key=lambda p: -(p.score or 0.0))
+        answer.evidence = self.evidence(collected)
         answer.evidence_note = None if answer.evidence else "the gathered documents keep no map back to their text"
         answer.stats.pop("encode", None)             # each document's encode was paid once, when it was added
         stages = collected.stats

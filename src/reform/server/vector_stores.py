@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from .admission import still_wanted
+from .admission import Waiting, still_wanted
 from .edge import json_body, service_of, tenant_of
 from .openai_schema import ApiError
 
@@ -33,6 +33,18 @@ class StoreBody(BaseModel):
 class FileBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)     # JSON types as sent: "5" is no int, true no 1
     file_id: str
+
+
+class SearchBody(BaseModel):
+    """``vector_stores.search``: the query and how many results; attribute filters and query rewriting are
+    refused (the library keeps no attributes and rewrites nothing), ``ranking_options`` is not used."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    query: str | list[str]
+    max_num_results: int = Field(10, ge=1, le=50)
+    filters: dict | None = None
+    rewrite_query: bool = False
+    ranking_options: dict | None = None
 
 
 class BatchBody(BaseModel):
@@ -117,6 +129,38 @@ async def get_file(vs_id: str, file_id: str, request: Request):
 @router.delete("/v1/vector_stores/{vs_id}/files/{file_id}")
 async def remove_file(vs_id: str, file_id: str, request: Request):
     return await run_in_threadpool(stores(request).remove_file, tenant_of(request), vs_id, file_id)
+
+
+@router.post("/v1/vector_stores/{vs_id}/search")
+async def search(vs_id: str, request: Request):
+    """The store's passages for a query, best first, as an answer's evidence would cite them (the first
+    stage, then REFORM's token gather over the candidates); nothing is generated."""
+    body = await json_body(request, SearchBody)
+    for name in ("filters", "rewrite_query"):
+        if getattr(body, name):
+            raise ApiError(400, f"'{name}' is not supported by this server's vector stores", param=name)
+    query = body.query if isinstance(body.query, str) else " ".join(body.query)
+    if not query.strip():
+        raise ApiError(400, "the query is empty", param="query")
+    service, tenant = service_of(request), tenant_of(request)
+    deadline = asyncio.get_running_loop().time() + service.settings.request_timeout
+    wanted = lambda: still_wanted(request, deadline, service.settings.request_timeout)
+    shelf = await run_in_threadpool(stores(request).shelf, tenant, [vs_id])
+    library = stores(request).asker(tenant)
+
+    def work(job):
+        try:
+            return library.search(query, shelf=shelf)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+    job = await service.enqueue(lambda: service.worker.submit(work, tenant=tenant.name), wanted, tenant)
+    found = await Waiting(job, request, deadline, service.settings.request_timeout).result()
+    by_title = {(d.title or name): name for name, d in shelf.items()}
+    return {"object": "vector_store.search_results.page", "search_query": [query], "has_more": False,
+            "next_page": None, "data": [
+                {"file_id": by_title.get(p.document, ""), "filename": p.document, "score": p.score,
+                 "attributes": {"page": p.page, "page_end": p.page_end, "section": p.section, "unit": p.unit},
+                 "content": [{"type": "text", "text": p.text}]} for p in found[:body.max_num_results]]}
 
 
 # ---------------------------------------------------------------------- file batches
