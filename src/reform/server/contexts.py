@@ -116,16 +116,15 @@ class Contexts:
         finally:
             self.scheduler.encoder = None
         status.status, status.encode_seconds = "ready", round(ctx.encode_seconds, 3)
+        self.store.drop_note(key)
+        if not self.remember(key, ctx, unless_deleted_since=began):
+            self.store.delete(key)                  # deleted as it was saved: the delete stands
+            raise Cancelled()
         LOG.info("encode finished: context %s, %d tokens in %.1f s, %d bytes stored, peak memory %.0f MB",
                  public_id(key), status.tokens, ctx.encode_seconds, status.bytes, peak_memory_mb())
-        self.store.drop_note(key)
         self.encoded += 1
         self.tokens_encoded += status.tokens
         self.encode_seconds += ctx.encode_seconds
-        if not self.remember(key, ctx, unless_deleted_since=began):
-            self.store.delete(key)                  # deleted as it was saved: the delete stands
-            self.store.drop_note(key)
-            raise Cancelled()
         return ctx
 
     def deleted_since(self, key: str, began: float) -> bool:
