@@ -184,8 +184,7 @@ def test_vector_store_search_returns_the_passages_an_answer_cites(live):
 def test_a_store_made_with_500_files_answers_at_once_and_every_file_completes(tmp_path):
     """Issue 99: ``vector_stores.create(file_ids=...)`` with 500 files answers in under 5 s (the files in
     progress), then adds them in the background in the tenant's turn; every file reaches completed or failed,
-    a missing one is failed, and ``file_batches.create_and_poll`` sees a batch through the same way. (The
-    time to add them all is the encodes'; ``scripts/serve_batch_add.py`` measures it on a real model.)"""
+    a missing one is failed, and ``file_batches.create_and_poll`` sees a batch through the same way."""
     with LiveServer(make_pipe(), tmp_path / "store") as live:
         client = live.client()
         # ten documents, each uploaded ~50 times: a file of the same name and bytes is encoded once
