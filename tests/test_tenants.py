@@ -168,15 +168,26 @@ def test_store_quotas_answer_413(store, tmp_path):
             wait_ready(alice, ids[0])
             assert alice.delete(f"/v1/contexts/{ids[0]}").status_code == 200
             assert upload(alice, OTHER_DOC).status_code == 202        # room again
+    size = make_pipe().encode(DOC).stored_bytes()
     (tmp_path / "bytes").mkdir()
-    settings = Settings(keys_file=keys_file(tmp_path / "bytes", store_bytes=1000), metrics_key=OPS)
+    settings = Settings(keys_file=keys_file(tmp_path / "bytes", store_bytes=size + 100_000), metrics_key=OPS)
     with LiveServer(make_pipe(), tmp_path / "store2", settings=settings) as server:
         with http(server, ALICE) as alice:
-            wait_ready(alice, upload(alice, DOC).json()["id"])       # under the quota when accepted
+            wait_ready(alice, upload(alice, DOC).json()["id"])       # room for one
             refused = upload(alice, OTHER_DOC)
-            assert refused.status_code == 413 and "quota of 1000" in refused.json()["error"]["message"]
+            assert refused.status_code == 202                        # room when accepted: refused before its write
+            while (status := alice.get(f"/v1/contexts/{refused.json()['id']}").json())["status"] != "failed":
+                assert status["status"] in ("queued", "encoding"), status
+                time.sleep(0.05)
+            assert f"quota of {size + 100_000}" in status["error"] and "needs" in status["error"]
+            assert len(server.worker.store.entries("tenants/alice")) == 1      # nothing written past the quota
             metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {OPS}"}).text
             assert 'reform_tenant_quota_refusals_total{quota="store_bytes",tenant="alice"} 1.0' in metrics
+            chat = [{"role": "system", "content": OTHER_DOC + " more"}, {"role": "user", "content": QUESTION}]
+            with pytest.raises(openai.APIStatusError) as e:      # a chat's encode: the same, as its 413
+                server.client(ALICE).chat.completions.create(model="reform", max_tokens=2, messages=chat)
+            assert e.value.status_code == 413 and "needs" in e.value.message
+            assert len(server.worker.store.entries("tenants/alice")) == 1
 
 
 def test_daily_tokens_answer_429_until_the_next_day_and_survive_a_restart(store, tmp_path):
@@ -426,7 +437,8 @@ def test_context_ids_are_per_tenant_and_daily_tokens_add_up_over_processes(tmp_p
 
 
 def test_a_refused_upload_costs_no_daily_tokens_and_files_count_toward_store_bytes(store, tmp_path):
-    settings = Settings(keys_file=keys_file(tmp_path, daily_tokens=10_000, store_bytes=3000), max_waiting=0)
+    most = make_pipe().encode(DOC).stored_bytes() + 3000        # room for DOC's context
+    settings = Settings(keys_file=keys_file(tmp_path, daily_tokens=10_000, store_bytes=most), max_waiting=0)
     with LiveServer(make_pipe(), store, queue_size=1, settings=settings) as server:
         service, n = server.app.state.service, len(make_pipe().tokenize(DOC).ids)
         release, loop = threading.Event(), asyncio.new_event_loop()
@@ -447,7 +459,7 @@ def test_a_refused_upload_costs_no_daily_tokens_and_files_count_toward_store_byt
             wait_ready(alice, accepted.json()["id"])
             assert alice.delete(f"/v1/contexts/{accepted.json()['id']}").status_code == 200
         client = server.client(ALICE)
-        client.files.create(file=("big.txt", b"x" * 3500), purpose="user_data")
+        client.files.create(file=("big.txt", b"x" * (most + 500)), purpose="user_data")
         with pytest.raises(openai.APIStatusError) as e:                     # files count toward store bytes
             client.files.create(file=("more.txt", b"y" * 10), purpose="user_data")
         assert e.value.status_code == 413 and "contexts and files" in e.value.message

@@ -41,6 +41,7 @@ class Runtime(Protocol):
     segment_runner: Callable[[list], list] | None
 
     def save_context(self, ctx: "Context", path, *, partial: dict | None = None) -> int: ...
+    def context_bytes(self, ctx: "Context") -> int: ...
 
 
 @dataclass
@@ -145,6 +146,10 @@ class Context:
         ``partial``: this is an unfinished encode's state (``methods/checkpoint.py``), not a context to ask.
         The pipeline writes it (``methods/saved.py``, the round trip in one place)."""
         return self.pipeline.save_context(self, path, partial=partial)
+
+    def stored_bytes(self) -> int:
+        """About what ``save`` would write, in bytes, without writing (a quota counts it first)."""
+        return self.pipeline.context_bytes(self)
 
 
 class Prompt(NamedTuple):

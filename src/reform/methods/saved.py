@@ -98,6 +98,11 @@ def restore_parts(engine: Engine, tensors: dict[str, torch.Tensor], layout: list
     return on_device(tensors["ids"].long()), cache, state
 
 
+def context_bytes(ctx: Context) -> int:
+    """The bytes of ``ctx``'s tensors as ``save_context`` writes them (the file adds its small manifest)."""
+    return sum(t.numel() * t.element_size() for t in context_tensors(ctx)[0].values())
+
+
 def save_context(ctx: Context, path: str | Path, *, partial: dict | None = None) -> int:
     """Write ``ctx`` to ``path`` (one safetensors file with a JSON manifest, atomically); returns bytes
     written. ``partial``: this is an unfinished encode's state (``methods/checkpoint.py``)."""

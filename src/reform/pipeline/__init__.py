@@ -23,7 +23,7 @@ from ..engine.layout import Templater, as_tensor
 from ..methods import DOCUMENTS_METHOD, Answer, Context, Method
 from ..methods.checkpoint import Checkpoint
 from ..methods.full import QuestionAlone
-from ..methods.saved import DTYPE_FLAGS, load_context, save_context
+from ..methods.saved import DTYPE_FLAGS, context_bytes, load_context, save_context
 from ..model import DEFAULT_MODEL, load_model
 from ..notes import PlainPromptWarning
 from . import inputs
@@ -108,6 +108,10 @@ class Pipeline:
     def save_context(self, ctx: Context, path: str | Path, *, partial: dict | None = None) -> int:
         """What ``Context.save`` runs (``methods/saved.py``)."""
         return save_context(ctx, path, partial=partial)
+
+    def context_bytes(self, ctx: Context) -> int:
+        """What ``Context.stored_bytes`` runs (``methods/saved.py``)."""
+        return context_bytes(ctx)
 
     def tokenize(self, content) -> Tokenized:
         """``content`` (text, a document or folder, text and image parts) as the ids to encode

@@ -151,6 +151,7 @@ class Service:
         self.usage = DailyTokens(worker.store, worker.contexts.replicas.owner["instance"])
         self.in_flight = {t.name: 0 for t in self.tenants.all}      # requests being answered, by tenant
         self.vector_stores = VectorStores(self)
+        worker.store.room = self.room_for_context
         self.model_card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "reform",
                            "method": self.pipe.method.name, "documents_method": self.pipe.documents_method.name,
                            "window": self.pipe.engine.shape.window,
@@ -220,15 +221,24 @@ class Service:
 
     async def check_store_bytes(self, tenant: Tenant) -> None:
         """413 while ``tenant``'s saved contexts and files take its ``store_bytes`` quota or more."""
+        await run_in_threadpool(self.check_room, tenant, 0)
+
+    def check_room(self, tenant: Tenant, adding: int) -> None:
+        """413 when ``adding`` more bytes would pass ``tenant``'s ``store_bytes`` quota (0: while it is at it)."""
         if (most := tenant.quotas.store_bytes) is None:
             return
-        def size():
-            return (sum(e.bytes for e in self.worker.store.entries(tenant.scope))
-                    + self.files[tenant.name].total_bytes())
-        if (used := await run_in_threadpool(size)) >= most:
+        used = sum(e.bytes for e in self.worker.store.entries(tenant.scope)) + self.files[tenant.name].total_bytes()
+        if (used >= most) if adding == 0 else (used + adding > most):
             raise self.refused(tenant, "store_bytes", 413, f"this key's store holds {used} bytes of contexts and "
-                               f"files, at its quota of {most}; delete some (DELETE /v1/contexts/ID, "
-                               "/v1/files/ID) to upload more")
+                               f"files{f' and this context needs {adding} more, past' if adding else ', at'} its "
+                               f"quota of {most}; delete some (DELETE /v1/contexts/ID, /v1/files/ID) to upload more")
+
+    def room_for_context(self, key: str, size: int) -> None:
+        """The store's check before it writes a context (``ContextStore.room``): its tenant's quota counts
+        the bytes first, so an encode that would pass it is refused and nothing is written."""
+        for tenant in self.tenants.all:
+            if tenant.owns(key):
+                self.check_room(tenant, size)
 
     async def settle(self, tenant: Tenant, tokens: int, queued: bool) -> None:
         """After ``admit_encode``: count the tokens of an encode that was queued, give back those of one that

@@ -94,6 +94,8 @@ class ContextStore:
         self.max_bytes = max_bytes
         # keys the size budget never removes (the documents of libraries, which a server sets here)
         self.pinned: Callable[[], set[str]] = set
+        # called with (key, bytes) before a context is written; raises to refuse it (a server's quotas)
+        self.room: Callable[[str, int], None] | None = None
 
     @staticmethod
     def valid_key(key: str) -> bool:
@@ -163,7 +165,9 @@ class ContextStore:
 
     def put(self, key: str, ctx) -> int:
         """Save ``ctx`` (anything with ``save(path)``) under ``key``; then enforce the size budget, never
-        removing ``key`` itself. Returns the file's size."""
+        removing ``key`` itself. Returns the file's size. ``room`` may refuse it first."""
+        if self.room is not None and hasattr(ctx, "stored_bytes"):
+            self.room(key, ctx.stored_bytes())
         if self.local:
             size = ctx.save(self.location(key))
         else:
